@@ -1,0 +1,1 @@
+//! chunk ids (in progress)

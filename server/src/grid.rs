@@ -1,0 +1,1 @@
+//! grid (in progress)
