@@ -1,1 +1,304 @@
-//! chunk ids (in progress)
+//! The chunk id codec: the opaque bytes inside a `TensorTicket` that name one
+//! chunk, and the key of that chunk in the segment store.
+//!
+//! Clients treat a chunk id as opaque but key their caches on it, so one id
+//! must always mean the same bytes. The id therefore carries the array id, the
+//! absolute chunk bounds and the source's content version: a file changed in
+//! place gets new ids. **The format is compatibility-pinned** (tests hold a
+//! byte-exact vector); change it only with a new version byte.
+//!
+//! # Format, version 1 (all integers big-endian)
+//!
+//! ```text
+//! offset  size        field
+//! 0       2           magic 0x54 0x53 ("TS")
+//! 2       1           format version = 1
+//! 3       2           u16 L = byte length of the array id (1..=1024)
+//! 5       L           array id, UTF-8
+//! 5+L     8           u64 dev      ┐
+//! 13+L    8           u64 ino      │ content version
+//! 21+L    8           u64 size     │ of the source
+//! 29+L    8           i64 mtime_ns ┘
+//! 37+L    1           u8 N = number of axes (1..=32)
+//! 38+L    8·N         u64 start per axis  ┐ absolute base coordinates,
+//! 38+L+8N 8·N         u64 stop per axis   ┘ stop exclusive, start <= stop
+//! ```
+//!
+//! Total length: `38 + L + 16·N` bytes; nothing may follow. Decoding never
+//! panics and never allocates more than the input can back. Whether the bounds
+//! name a real cell of the tensor is the grid's question
+//! ([`ChunkGrid::is_cell`](crate::grid::ChunkGrid::is_cell)), not the codec's.
+
+use crate::grid::{MAX_RANK, Region};
+
+/// The two magic bytes every chunk id starts with: `"TS"`.
+pub const MAGIC: [u8; 2] = *b"TS";
+
+/// The format version this codec writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// The longest array id a chunk id can carry, in UTF-8 bytes.
+pub const MAX_ARRAY_ID_BYTES: usize = 1024;
+
+/// Magic, version and array-id length: the fixed bytes before the array id.
+const HEADER_BYTES: usize = 5;
+
+/// The content version of a source file: changes whenever its bytes may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ContentVersion {
+    /// The device id (`st_dev`).
+    pub dev: u64,
+    /// The inode number (`st_ino`).
+    pub ino: u64,
+    /// The size in bytes (`st_size`).
+    pub size: u64,
+    /// The modification time in nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+}
+
+/// Why a chunk id was refused, when built or when decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkIdError {
+    /// Shorter than the fixed header.
+    #[error("chunk id is {len} bytes: too short for the 'TS' header ({HEADER_BYTES} bytes)")]
+    TooShort {
+        /// The input length.
+        len: usize,
+    },
+    /// The magic bytes are wrong.
+    #[error("chunk id does not start with the 'TS' magic (found {found:02x?})")]
+    BadMagic {
+        /// The first two bytes found.
+        found: [u8; 2],
+    },
+    /// The version byte is not one we know.
+    #[error("chunk id has unknown version {0}")]
+    UnknownVersion(u8),
+    /// The array id is empty or too long.
+    #[error("chunk id array id is {0} bytes (must be 1..={MAX_ARRAY_ID_BYTES})")]
+    ArrayIdLength(usize),
+    /// The array id is not valid UTF-8.
+    #[error("chunk id array id is not UTF-8")]
+    ArrayIdNotUtf8,
+    /// The input ends inside a field.
+    #[error("chunk id is truncated: {field} needs {needed} bytes but {remaining} remain")]
+    Truncated {
+        /// The field being read.
+        field: &'static str,
+        /// Bytes the field needs.
+        needed: usize,
+        /// Bytes left in the input.
+        remaining: usize,
+    },
+    /// No axes.
+    #[error("chunk id declares 0 axes (at least 1)")]
+    NoAxes,
+    /// Too many axes.
+    #[error("chunk id declares {0} axes (at most {MAX_RANK})")]
+    TooManyAxes(usize),
+    /// The bounds' start and stop lists differ in length.
+    #[error("chunk id region has {starts} starts but {stops} stops")]
+    RankMismatch {
+        /// Length of the start list.
+        starts: usize,
+        /// Length of the stop list.
+        stops: usize,
+    },
+    /// A start lies after its stop.
+    #[error("chunk id has start {start} > stop {stop} on axis {axis}")]
+    StartAfterStop {
+        /// The offending axis.
+        axis: usize,
+        /// The start on that axis.
+        start: u64,
+        /// The stop on that axis.
+        stop: u64,
+    },
+    /// Bytes follow the last field.
+    #[error("chunk id has {0} trailing bytes")]
+    Trailing(usize),
+}
+
+/// One chunk of one tensor at one content version. Built only through
+/// [`ChunkId::new`] or [`ChunkId::decode`], so every value is encodable and
+/// decodes back to itself.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChunkId {
+    array_id: String,
+    version: ContentVersion,
+    region: Region,
+}
+
+impl ChunkId {
+    /// A chunk id, validated: array id of 1..=1024 UTF-8 bytes, 1..=32 axes,
+    /// equal start and stop lengths, `start <= stop` on every axis.
+    pub fn new(
+        array_id: impl Into<String>,
+        version: ContentVersion,
+        region: Region,
+    ) -> Result<ChunkId, ChunkIdError> {
+        let array_id = array_id.into();
+        check_array_id_len(array_id.len())?;
+        if region.start.len() != region.stop.len() {
+            return Err(ChunkIdError::RankMismatch {
+                starts: region.start.len(),
+                stops: region.stop.len(),
+            });
+        }
+        check_rank(region.start.len())?;
+        check_order(&region)?;
+        Ok(ChunkId {
+            array_id,
+            version,
+            region,
+        })
+    }
+
+    /// The array (tensor) id.
+    pub fn array_id(&self) -> &str {
+        &self.array_id
+    }
+
+    /// The source's content version.
+    pub fn version(&self) -> ContentVersion {
+        self.version
+    }
+
+    /// The chunk's absolute bounds in the tensor.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// The wire bytes (see the module docs for the layout).
+    pub fn encode(&self) -> Vec<u8> {
+        let rank = self.region.rank();
+        let mut out = Vec::with_capacity(HEADER_BYTES + self.array_id.len() + 33 + 16 * rank);
+        out.extend_from_slice(&MAGIC);
+        out.push(FORMAT_VERSION);
+        // Both narrowing conversions are bounded by the checks in `new`/`decode`.
+        out.extend_from_slice(&(self.array_id.len() as u16).to_be_bytes());
+        out.extend_from_slice(self.array_id.as_bytes());
+        out.extend_from_slice(&self.version.dev.to_be_bytes());
+        out.extend_from_slice(&self.version.ino.to_be_bytes());
+        out.extend_from_slice(&self.version.size.to_be_bytes());
+        out.extend_from_slice(&self.version.mtime_ns.to_be_bytes());
+        out.push(rank as u8);
+        for v in self.region.start.iter().chain(&self.region.stop) {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out
+    }
+
+    /// The key of this chunk in the segment store: the encoded id.
+    pub fn segment_key(&self) -> Vec<u8> {
+        self.encode()
+    }
+
+    /// Parses wire bytes, refusing anything that [`ChunkId::encode`] would not
+    /// have produced.
+    pub fn decode(bytes: &[u8]) -> Result<ChunkId, ChunkIdError> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(ChunkIdError::TooShort { len: bytes.len() });
+        }
+        let mut r = Reader { rest: bytes };
+        let magic = r.array::<2>("the magic")?;
+        if magic != MAGIC {
+            return Err(ChunkIdError::BadMagic { found: magic });
+        }
+        let [version] = r.array::<1>("the version")?;
+        if version != FORMAT_VERSION {
+            return Err(ChunkIdError::UnknownVersion(version));
+        }
+        let id_len = usize::from(u16::from_be_bytes(r.array("the array id length")?));
+        check_array_id_len(id_len)?;
+        let id_bytes = r.take("the array id", id_len)?;
+        let array_id = std::str::from_utf8(id_bytes)
+            .map_err(|_| ChunkIdError::ArrayIdNotUtf8)?
+            .to_owned();
+        let version = ContentVersion {
+            dev: u64::from_be_bytes(r.array("the content version")?),
+            ino: u64::from_be_bytes(r.array("the content version")?),
+            size: u64::from_be_bytes(r.array("the content version")?),
+            mtime_ns: i64::from_be_bytes(r.array("the content version")?),
+        };
+        let [rank] = r.array::<1>("the axis count")?;
+        let rank = usize::from(rank);
+        check_rank(rank)?;
+        // Check the whole bounds block is present before allocating for it.
+        let bounds = r.take("the chunk bounds", 16 * rank)?;
+        if !r.rest.is_empty() {
+            return Err(ChunkIdError::Trailing(r.rest.len()));
+        }
+        let values: Vec<u64> = bounds
+            .chunks_exact(8)
+            .map(|b| {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(b);
+                u64::from_be_bytes(word)
+            })
+            .collect();
+        let region = Region::new(values[..rank].to_vec(), values[rank..].to_vec());
+        check_order(&region)?;
+        Ok(ChunkId {
+            array_id,
+            version,
+            region,
+        })
+    }
+}
+
+/// A cursor over the input that refuses reads past its end.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// The next `n` bytes of `field`.
+    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], ChunkIdError> {
+        if self.rest.len() < n {
+            return Err(ChunkIdError::Truncated {
+                field,
+                needed: n,
+                remaining: self.rest.len(),
+            });
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+
+    /// The next `N` bytes of `field` as an array.
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], ChunkIdError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(field, N)?);
+        Ok(out)
+    }
+}
+
+/// Refuses an empty or over-long array id.
+fn check_array_id_len(len: usize) -> Result<(), ChunkIdError> {
+    if (1..=MAX_ARRAY_ID_BYTES).contains(&len) {
+        Ok(())
+    } else {
+        Err(ChunkIdError::ArrayIdLength(len))
+    }
+}
+
+/// Refuses a rank outside `1..=MAX_RANK`.
+fn check_rank(rank: usize) -> Result<(), ChunkIdError> {
+    match rank {
+        0 => Err(ChunkIdError::NoAxes),
+        r if r > MAX_RANK => Err(ChunkIdError::TooManyAxes(r)),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a region with start after stop on some axis.
+fn check_order(region: &Region) -> Result<(), ChunkIdError> {
+    for (axis, (&start, &stop)) in region.start.iter().zip(&region.stop).enumerate() {
+        if start > stop {
+            return Err(ChunkIdError::StartAfterStop { axis, start, stop });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,422 @@
+//! The chunk grid: how a tensor is cut into the chunks that travel on the wire
+//! and live in the segment store.
+//!
+//! # Policy
+//!
+//! A grid is regular: one chunk extent per axis, anchored at the origin,
+//! enumerated in C order, the last chunk along an axis clipped at the far edge.
+//! [`ChunkGrid::plan`] chooses the chunk extent from the shape, the itemsize and
+//! a target chunk size (default [`DEFAULT_TARGET_CHUNK_BYTES`], 8 MiB). The
+//! target is clamped to at most [`MAX_CHUNK_BYTES`] (64 MiB; a chunk of exactly
+//! 64 MiB is allowed) and at least one element. No chunk ever exceeds the cap.
+//!
+//! **Contiguity first.** For a C-order source every chunk has the form
+//! `(1, …, 1, k, full, …, full)`: slow axes taken one index at a time, one axis
+//! `i` partially taken, every faster axis whole. Such a chunk is one contiguous
+//! byte range of the source, so it is served from the mapped file with a single
+//! copy. Axis `i` is the slowest axis whose *step* (the bytes of one index along
+//! it, `itemsize × prod(shape[i+1..])`) fits the target. Along it:
+//!
+//! * `per = target / step` (floor, ≥ 1) indices fit in one chunk;
+//! * `n = ceil(shape[i] / per)` chunks are needed;
+//! * `k = ceil(shape[i] / n)`: the extent is balanced over the `n` chunks,
+//!   and `k ≤ per` keeps every chunk within the target. Every `k` between
+//!   `ceil(shape[i] / n)` and `per` gives the same, smallest possible number
+//!   of chunks; the smallest such `k` makes the clipped last chunk as long as
+//!   a regular grid with that many chunks allows. On the examples of
+//!   chunk-cache.md §1 the reference's 1-column and 4-element slivers become
+//!   near-equal pieces.
+//!
+//! When the whole tensor fits the target it is one chunk. Consequences: slow
+//! (non-spatial) axes are split first; the Y-X plane (the last two axes) stays
+//! whole whenever one plane fits the target; a larger plane is split into bands
+//! of whole rows, never into columns. Only when a single row (the last axis)
+//! exceeds the target is the last axis itself split, which is still contiguous
+//! because every slower axis has extent 1. Axis labels do not change the policy:
+//! contiguity decides (see [`default_dim_labels`] for the labels we report).
+//!
+//! **Fortran order** mirrors the rule: the fastest axis is axis 0, so a chunk is
+//! `(full, …, full, k, 1, …, 1)` and again one contiguous byte range of the
+//! file. Clients still receive every chunk in C order (the decoder transposes).
+//!
+//! **Empty tensors** (some axis of length 0) have exactly one chunk, whose
+//! extent is the whole shape (zero included), bounds `[0, shape)`.
+//!
+//! # Requests
+//!
+//! [`ChunkGrid::snap`] widens a requested region outward to the grid: start
+//! floored to a multiple of the chunk extent, stop ceiled and clamped to the
+//! shape. [`ChunkGrid::cells`] lists the grid cells of that realized region.
+//! [`ChunkGrid::is_cell`] checks that a decoded chunk id names exactly one cell.
+
+mod cells;
+mod labels;
+mod region;
+
+pub use cells::Cells;
+pub use labels::{AxisRole, default_dim_labels, normalize_label};
+pub use region::Region;
+
+/// The hard cap on the bytes of one chunk: 64 MiB. Exactly 64 MiB is allowed.
+pub const MAX_CHUNK_BYTES: u64 = 67_108_864;
+
+/// The default target chunk size: 8 MiB.
+pub const DEFAULT_TARGET_CHUNK_BYTES: u64 = 8 << 20;
+
+/// The largest number of axes a grid (and a chunk id) supports.
+pub const MAX_RANK: usize = 32;
+
+/// Why a grid could not be built or a region was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GridError {
+    /// The tensor has no axes.
+    #[error("a tensor with 0 axes (a scalar) is not supported: at least 1 axis is needed")]
+    RankZero,
+    /// The tensor has more axes than [`MAX_RANK`].
+    #[error("a tensor with {rank} axes is not supported: at most {MAX_RANK} axes")]
+    RankTooLarge {
+        /// The tensor's rank.
+        rank: usize,
+    },
+    /// The itemsize is zero.
+    #[error("itemsize 0 is not valid: an element needs at least 1 byte")]
+    ItemsizeZero,
+    /// One element is bigger than a chunk may be.
+    #[error("itemsize {itemsize} exceeds the chunk cap of {MAX_CHUNK_BYTES} bytes (64 MiB)")]
+    ItemsizeOverCap {
+        /// The itemsize in bytes.
+        itemsize: u64,
+    },
+    /// The tensor's byte size does not fit in 64 bits.
+    #[error("a tensor of shape {shape:?} with itemsize {itemsize} is larger than 2^64 bytes")]
+    TooLarge {
+        /// The tensor's shape.
+        shape: Vec<u64>,
+        /// The itemsize in bytes.
+        itemsize: u64,
+    },
+    /// An explicit chunk shape has the wrong number of axes.
+    #[error("chunk shape {chunk:?} has {} axes but the tensor has {rank}", chunk.len())]
+    ChunkRank {
+        /// The chunk shape given.
+        chunk: Vec<u64>,
+        /// The tensor's rank.
+        rank: usize,
+    },
+    /// An explicit chunk shape has a zero extent.
+    #[error("chunk shape {chunk:?} has extent 0 on axis {axis}: every extent must be at least 1")]
+    ChunkZero {
+        /// The chunk shape given.
+        chunk: Vec<u64>,
+        /// The offending axis.
+        axis: usize,
+    },
+    /// An explicit chunk shape is over the cap.
+    #[error(
+        "chunk shape {chunk:?} is {bytes} bytes, over the chunk cap of {MAX_CHUNK_BYTES} bytes (64 MiB)"
+    )]
+    ChunkOverCap {
+        /// The chunk shape (clamped to the tensor's shape).
+        chunk: Vec<u64>,
+        /// Its size in bytes (saturated at `u64::MAX`).
+        bytes: u64,
+    },
+    /// A region's rank does not match the tensor's.
+    #[error("region {region:?} has {} axes but the tensor has {rank}", region.start.len().max(region.stop.len()))]
+    RegionRank {
+        /// The region given.
+        region: Region,
+        /// The tensor's rank.
+        rank: usize,
+    },
+    /// A region has start after stop on an axis.
+    #[error("region start {start} > stop {stop} on axis {axis}")]
+    RegionReversed {
+        /// The offending axis.
+        axis: usize,
+        /// The start on that axis.
+        start: u64,
+        /// The stop on that axis.
+        stop: u64,
+    },
+    /// A region reaches past the tensor's end on an axis.
+    #[error("region stop {stop} exceeds the length {dim} of axis {axis}")]
+    RegionOutOfBounds {
+        /// The offending axis.
+        axis: usize,
+        /// The stop on that axis.
+        stop: u64,
+        /// The axis length.
+        dim: u64,
+    },
+    /// A region selects nothing on an axis that is not itself empty.
+    #[error(
+        "region selects no element on axis {axis} (start == stop == {at}); zero-extent \
+         slices are refused unless the axis itself has length 0"
+    )]
+    RegionEmpty {
+        /// The offending axis.
+        axis: usize,
+        /// The start (= stop) on that axis.
+        at: u64,
+    },
+}
+
+/// A regular chunk grid over a tensor: its shape and one chunk extent per axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkGrid {
+    shape: Vec<u64>,
+    chunk: Vec<u64>,
+}
+
+impl ChunkGrid {
+    /// Plans the grid of a tensor by the policy in the module docs.
+    ///
+    /// `target_bytes` is clamped to `[itemsize, MAX_CHUNK_BYTES]`. Fails for
+    /// rank 0 or above [`MAX_RANK`], itemsize 0 or above the cap, and tensors
+    /// whose byte size overflows `u64`.
+    pub fn plan(
+        shape: &[u64],
+        itemsize: u64,
+        fortran_order: bool,
+        target_bytes: u64,
+    ) -> Result<ChunkGrid, GridError> {
+        check_tensor(shape, itemsize)?;
+        if shape.contains(&0) {
+            return Ok(ChunkGrid::empty(shape));
+        }
+        let target = target_bytes.clamp(itemsize, MAX_CHUNK_BYTES);
+        let chunk = if fortran_order {
+            let reversed: Vec<u64> = shape.iter().rev().copied().collect();
+            let mut chunk = contiguous_chunk(&reversed, itemsize, target);
+            chunk.reverse();
+            chunk
+        } else {
+            contiguous_chunk(shape, itemsize, target)
+        };
+        Ok(ChunkGrid {
+            shape: shape.to_vec(),
+            chunk,
+        })
+    }
+
+    /// A grid with an explicit chunk extent per axis (each at least 1; extents
+    /// beyond the axis length are clamped to it). Fails like [`ChunkGrid::plan`]
+    /// and when the chunk's rank differs or it exceeds [`MAX_CHUNK_BYTES`].
+    /// An empty tensor still gets its single whole-tensor chunk.
+    pub fn with_chunk_shape(
+        shape: &[u64],
+        itemsize: u64,
+        chunk: &[u64],
+    ) -> Result<ChunkGrid, GridError> {
+        check_tensor(shape, itemsize)?;
+        if chunk.len() != shape.len() {
+            return Err(GridError::ChunkRank {
+                chunk: chunk.to_vec(),
+                rank: shape.len(),
+            });
+        }
+        if let Some(axis) = chunk.iter().position(|&c| c == 0) {
+            return Err(GridError::ChunkZero {
+                chunk: chunk.to_vec(),
+                axis,
+            });
+        }
+        if shape.contains(&0) {
+            return Ok(ChunkGrid::empty(shape));
+        }
+        let clamped: Vec<u64> = chunk.iter().zip(shape).map(|(c, d)| *c.min(d)).collect();
+        let bytes = clamped
+            .iter()
+            .fold(itemsize, |acc, c| acc.saturating_mul(*c));
+        if bytes > MAX_CHUNK_BYTES {
+            return Err(GridError::ChunkOverCap {
+                chunk: clamped,
+                bytes,
+            });
+        }
+        Ok(ChunkGrid {
+            shape: shape.to_vec(),
+            chunk: clamped,
+        })
+    }
+
+    /// The single-chunk grid of an empty tensor.
+    fn empty(shape: &[u64]) -> ChunkGrid {
+        ChunkGrid {
+            shape: shape.to_vec(),
+            chunk: shape.to_vec(),
+        }
+    }
+
+    /// The tensor's shape.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// The chunk extent per axis (the shape of every chunk not clipped at the
+    /// far edge).
+    pub fn chunk_shape(&self) -> &[u64] {
+        &self.chunk
+    }
+
+    /// The bytes of one full (unclipped) chunk for this itemsize.
+    pub fn chunk_bytes(&self, itemsize: u64) -> u64 {
+        self.chunk
+            .iter()
+            .fold(itemsize, |acc, c| acc.saturating_mul(*c))
+    }
+
+    /// The number of chunks along each axis (1 on a zero-length axis).
+    pub fn grid_dims(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(&self.chunk)
+            .map(|(&d, &c)| if d == 0 { 1 } else { d.div_ceil(c) })
+            .collect()
+    }
+
+    /// The total number of chunks.
+    pub fn num_chunks(&self) -> u64 {
+        self.grid_dims()
+            .iter()
+            .fold(1u64, |acc, n| acc.saturating_mul(*n))
+    }
+
+    /// The realized region of a request: `start` floored to the grid, `stop`
+    /// ceiled to the grid and clamped to the shape.
+    ///
+    /// The request must have the tensor's rank and `start <= stop <= shape`
+    /// on every axis, and select at least one index on every axis whose
+    /// length is not 0.
+    pub fn snap(&self, region: &Region) -> Result<Region, GridError> {
+        self.check_region(region)?;
+        let mut start = Vec::with_capacity(self.shape.len());
+        let mut stop = Vec::with_capacity(self.shape.len());
+        for a in 0..self.shape.len() {
+            let (dim, c) = (self.shape[a], self.chunk[a]);
+            if dim == 0 {
+                start.push(0);
+                stop.push(0);
+                continue;
+            }
+            start.push(region.start[a] / c * c);
+            stop.push(region.stop[a].div_ceil(c).saturating_mul(c).min(dim));
+        }
+        Ok(Region { start, stop })
+    }
+
+    /// The grid cells covering `region` (equivalently, tiling its snapped
+    /// region), in C order, with absolute bounds clipped to the shape.
+    /// The region is validated as in [`ChunkGrid::snap`].
+    pub fn cells(&self, region: &Region) -> Result<Cells<'_>, GridError> {
+        self.check_region(region)?;
+        let mut lo = Vec::with_capacity(self.shape.len());
+        let mut hi = Vec::with_capacity(self.shape.len());
+        for a in 0..self.shape.len() {
+            if self.shape[a] == 0 {
+                lo.push(0);
+                hi.push(1);
+            } else {
+                let c = self.chunk[a];
+                lo.push(region.start[a] / c);
+                hi.push(region.stop[a].div_ceil(c));
+            }
+        }
+        Ok(Cells::new(&self.shape, &self.chunk, lo, hi))
+    }
+
+    /// True when `cell` is exactly one grid cell: same rank, start on the grid
+    /// inside the tensor, stop = `min(start + chunk, shape)` on every axis.
+    pub fn is_cell(&self, cell: &Region) -> bool {
+        let rank = self.shape.len();
+        if cell.start.len() != rank || cell.stop.len() != rank {
+            return false;
+        }
+        (0..rank).all(|a| {
+            let (dim, c) = (self.shape[a], self.chunk[a]);
+            let (s, e) = (cell.start[a], cell.stop[a]);
+            if dim == 0 {
+                s == 0 && e == 0
+            } else {
+                s < dim && s.is_multiple_of(c) && e == s.saturating_add(c).min(dim)
+            }
+        })
+    }
+
+    /// Validates a request region against the tensor.
+    fn check_region(&self, region: &Region) -> Result<(), GridError> {
+        let rank = self.shape.len();
+        if region.start.len() != rank || region.stop.len() != rank {
+            return Err(GridError::RegionRank {
+                region: region.clone(),
+                rank,
+            });
+        }
+        for (axis, &dim) in self.shape.iter().enumerate() {
+            let (start, stop) = (region.start[axis], region.stop[axis]);
+            if start > stop {
+                return Err(GridError::RegionReversed { axis, start, stop });
+            }
+            if stop > dim {
+                return Err(GridError::RegionOutOfBounds { axis, stop, dim });
+            }
+            if start == stop && dim != 0 {
+                return Err(GridError::RegionEmpty { axis, at: start });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks rank, itemsize and total byte size of a tensor.
+fn check_tensor(shape: &[u64], itemsize: u64) -> Result<(), GridError> {
+    if shape.is_empty() {
+        return Err(GridError::RankZero);
+    }
+    if shape.len() > MAX_RANK {
+        return Err(GridError::RankTooLarge { rank: shape.len() });
+    }
+    if itemsize == 0 {
+        return Err(GridError::ItemsizeZero);
+    }
+    if itemsize > MAX_CHUNK_BYTES {
+        return Err(GridError::ItemsizeOverCap { itemsize });
+    }
+    if !shape.contains(&0)
+        && shape
+            .iter()
+            .try_fold(itemsize, |acc, d| acc.checked_mul(*d))
+            .is_none()
+    {
+        return Err(GridError::TooLarge {
+            shape: shape.to_vec(),
+            itemsize,
+        });
+    }
+    Ok(())
+}
+
+/// The C-order contiguous chunk of a non-empty tensor for a target already
+/// clamped to `[itemsize, MAX_CHUNK_BYTES]` (see the module docs).
+fn contiguous_chunk(shape: &[u64], itemsize: u64, target: u64) -> Vec<u64> {
+    let last = shape.len() - 1;
+    // Walk from the fastest axis to the slowest while one index step fits.
+    let (mut axis, mut axis_step) = (last, itemsize);
+    let mut step = itemsize;
+    for a in (0..shape.len()).rev() {
+        if step > target {
+            break;
+        }
+        axis = a;
+        axis_step = step;
+        step = step.saturating_mul(shape[a]);
+    }
+    let per = target / axis_step;
+    let pieces = shape[axis].div_ceil(per);
+    let k = shape[axis].div_ceil(pieces);
+    let mut chunk = vec![1; shape.len()];
+    chunk[axis] = k;
+    chunk[axis + 1..].copy_from_slice(&shape[axis + 1..]);
+    chunk
+}

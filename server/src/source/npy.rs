@@ -1,1 +1,0 @@
-//! npy reader (in progress)
