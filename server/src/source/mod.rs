@@ -1,2 +1,3 @@
-//! Sources.
+//! Sources: the files Tessera serves and the registry of them.
 pub mod npy;
+pub mod registry;

@@ -1,0 +1,161 @@
+//! Off-request-path work: sealing rotated segments, eviction to the byte budget, and
+//! persisting recency. One background thread per store, woken by appends.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::layout;
+use crate::recency;
+use crate::segment::{self, Active, Segment};
+use crate::store::Inner;
+
+#[derive(Debug, Default)]
+struct State {
+    seal_queue: Vec<Active>,
+    wake: bool,
+    stop: bool,
+}
+
+/// The maintenance thread's mailbox.
+#[derive(Debug, Default)]
+pub(crate) struct Maintenance {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Maintenance {
+    /// Hands a rotated segment over for sealing.
+    pub(crate) fn queue_seal(&self, active: Active) {
+        self.state.lock().seal_queue.push(active);
+        self.cv.notify_one();
+    }
+
+    /// Asks for an eviction pass.
+    pub(crate) fn wake(&self) {
+        self.state.lock().wake = true;
+        self.cv.notify_one();
+    }
+
+    /// Asks the thread to finish queued work and exit.
+    pub(crate) fn stop(&self) {
+        self.state.lock().stop = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for work; `None` when stopped with nothing left to do.
+    fn next(&self) -> Option<Vec<Active>> {
+        let mut st = self.state.lock();
+        loop {
+            if !st.seal_queue.is_empty() || st.wake {
+                st.wake = false;
+                return Some(std::mem::take(&mut st.seal_queue));
+            }
+            if st.stop {
+                return None;
+            }
+            self.cv.wait(&mut st);
+        }
+    }
+}
+
+impl Inner {
+    /// The maintenance thread's body.
+    pub(crate) fn maintenance_loop(self: Arc<Self>) {
+        while let Some(jobs) = self.maintenance.next() {
+            let sealed = !jobs.is_empty();
+            for active in jobs {
+                self.seal_now(active);
+            }
+            if self.evict_to_budget() > 0 || sealed {
+                self.save_recency();
+            }
+        }
+    }
+
+    /// Seals (or, when it holds no entry, removes) a segment that no shard writes any more.
+    pub(crate) fn seal_now(&self, active: Active) {
+        let seg = Arc::clone(&active.seg);
+        let before = seg.disk_bytes.load(Ordering::Relaxed);
+        if active.entries.is_empty() {
+            drop(active);
+            self.unlink_segment(&seg);
+            return;
+        }
+        let sealed = segment::seal(active, &self.segdir, self.mode, self.fault());
+        if let Some(reason) = sealed.dir_sync_failed {
+            self.poison(reason);
+        }
+        if sealed.disk_bytes >= before {
+            self.total_bytes
+                .fetch_add(sealed.disk_bytes - before, Ordering::Relaxed);
+        } else {
+            self.total_bytes
+                .fetch_sub(before - sealed.disk_bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Evicts least recently used sealed segments until within budget; returns how many.
+    pub(crate) fn evict_to_budget(&self) -> u64 {
+        let mut evicted = 0;
+        while self.total_bytes.load(Ordering::Relaxed) > self.max_bytes {
+            let victim = self
+                .segments
+                .lock()
+                .values()
+                .filter(|s| s.sealed.load(Ordering::Acquire))
+                .min_by_key(|s| (s.last_use.load(Ordering::Relaxed), s.id))
+                .cloned();
+            let Some(victim) = victim else {
+                self.counters
+                    .evictions_blocked
+                    .fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let keys = std::mem::take(&mut *victim.keys.lock());
+            let removed = keys
+                .iter()
+                .filter(|k| self.index.remove_in_segment(k, victim.id))
+                .count() as u64;
+            self.counters
+                .evictions
+                .fetch_add(removed, Ordering::Relaxed);
+            self.unlink_segment(&victim);
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// Forgets a segment and unlinks its files (the index no longer points into it).
+    fn unlink_segment(&self, seg: &Segment) {
+        self.segments.lock().remove(&seg.id);
+        seg.forget_map();
+        let file_len = std::fs::metadata(&seg.path).map_or(0, |m| m.len());
+        for path in [seg.path.clone(), layout::sidecar_path(&self.dir, seg.id)] {
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(file = %path.display(), error = %e, "cannot unlink evicted segment file");
+            }
+        }
+        self.counters
+            .unlinked_bytes
+            .fetch_add(file_len, Ordering::Relaxed);
+        self.total_bytes
+            .fetch_sub(seg.disk_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Saves every segment's last-use counter (advisory: a failure is logged).
+    pub(crate) fn save_recency(&self) {
+        let pairs: Vec<(u64, u64)> = self
+            .segments
+            .lock()
+            .values()
+            .map(|s| (s.id, s.last_use.load(Ordering::Relaxed)))
+            .collect();
+        if let Err(e) = recency::save(&self.dir, &pairs, self.mode) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot save segment recency");
+        }
+    }
+}

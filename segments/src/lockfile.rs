@@ -1,0 +1,44 @@
+//! `DIR/lock`: an advisory `flock` held for the store's lifetime, with the holder's pid inside.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::error::StoreError;
+
+/// Takes the lock on `dir/lock` (creating the file), or names the holder.
+///
+/// The lock belongs to the open file description: a second open in the same process is
+/// refused too, and the kernel releases it when the process dies.
+pub(crate) fn acquire(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join("lock");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| StoreError::io(format!("cannot open lock file {}", path.display()), e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let holder_pid = file
+                .read_to_string(&mut text)
+                .ok()
+                .and_then(|_| text.trim().parse().ok());
+            return Err(StoreError::Locked {
+                dir: dir.to_path_buf(),
+                holder_pid,
+            });
+        }
+        Err(TryLockError::Error(e)) => {
+            return Err(StoreError::io(format!("cannot lock {}", path.display()), e));
+        }
+    }
+    let pid = format!("{}\n", std::process::id());
+    file.set_len(0)
+        .and_then(|()| file.write_all(pid.as_bytes()))
+        .map_err(|e| StoreError::io(format!("cannot write pid into {}", path.display()), e))?;
+    Ok(file)
+}

@@ -1,0 +1,366 @@
+//! Chunks: decoding a grid cell of a source and keeping it where the wire can serve it.
+//!
+//! ```text
+//!  do_get / chunk_locate
+//!        │ chunk id (validated against the registry)
+//!        ▼
+//!  ChunkService ── hit ──▶ segment store (file cache)   or   memory cache
+//!        │ miss
+//!        ▼ single flight: one decode per cold chunk, however many callers
+//!  NpyFile::read_region (pread into a pooled buffer; source checked unchanged
+//!        │               before and after)
+//!        ▼
+//!  Store::append (one vectored write) ──▶ locatable, readable zero-copy
+//! ```
+//!
+//! When an append fails (disk full, I/O error) the chunk is still served over
+//! `do_get` from memory, the failure is logged once, and caching resumes on the
+//! next append that succeeds.
+
+mod buffers;
+mod memory;
+mod single_flight;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use tessera_proto::json::{CacheBackend, CacheStats};
+use tessera_segments::{EntryMeta, Location, Store};
+use tokio::sync::Semaphore;
+
+use crate::chunk_id::ChunkId;
+use crate::error::{ServiceError, ServiceResult};
+use crate::source::npy::NpyError;
+use crate::source::registry::Tensor;
+use buffers::BufferPool;
+pub use memory::MemoryCache;
+use single_flight::SingleFlight;
+
+/// One chunk as Arrow Flight sends it: the IPC message header (flatbuffer) and body.
+#[derive(Clone, Debug)]
+pub struct EncodedChunk {
+    /// `FlightData.data_header`.
+    pub header: Bytes,
+    /// `FlightData.data_body`.
+    pub body: Bytes,
+}
+
+impl EncodedChunk {
+    /// Total bytes held.
+    pub fn len(&self) -> usize {
+        self.header.len() + self.body.len()
+    }
+
+    /// Whether the chunk holds no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where decoded chunks are kept.
+pub enum Backend {
+    /// The segment store: chunks are locatable for mmap clients and served from the mapping.
+    File(Arc<Store>),
+    /// RAM only; `chunk_locate` answers unavailable. The reason says why (configured, or refused).
+    Memory {
+        /// Why the file cache is not in use, reported by `chunk_locate`.
+        reason: String,
+    },
+}
+
+/// The result of one materialization, shared by every caller of the single flight.
+#[derive(Clone)]
+enum Materialized {
+    /// Appended to the segment store.
+    Stored,
+    /// Not in the store (memory backend, or the append failed): here are the bytes.
+    InMemory(EncodedChunk),
+}
+
+/// Decodes, caches and serves chunks.
+pub struct ChunkService {
+    backend: Backend,
+    memory: MemoryCache,
+    flight: SingleFlight<Result<Materialized, ServiceError>>,
+    buffers: BufferPool,
+    decode_permits: Semaphore,
+    schema_header: Bytes,
+    write_failing: AtomicBool,
+    memory_hits: AtomicU64,
+    memory_misses: AtomicU64,
+    pending_waits: AtomicU64,
+    locates: AtomicU64,
+    do_gets: AtomicU64,
+}
+
+impl ChunkService {
+    /// A service over `backend`, keeping at most `memory_bytes` of chunks in RAM
+    /// (the whole cache for the memory backend; the fallback for failed appends
+    /// otherwise) and decoding at most `max_decodes` chunks at once.
+    pub fn new(backend: Backend, memory_bytes: u64, max_decodes: usize) -> ServiceResult<Self> {
+        let schema_header = match &backend {
+            Backend::File(store) => store.schema_message(),
+            Backend::Memory { .. } => {
+                let message = tessera_segments::ipc::schema_message()
+                    .map_err(|e| ServiceError::Internal(format!("encoding the chunk schema: {e}")))?;
+                Bytes::from(strip_prefix(message))
+            }
+        };
+        Ok(Self {
+            backend,
+            memory: MemoryCache::new(memory_bytes),
+            flight: SingleFlight::default(),
+            buffers: BufferPool::new(max_decodes),
+            decode_permits: Semaphore::new(max_decodes.max(1)),
+            schema_header,
+            write_failing: AtomicBool::new(false),
+            memory_hits: AtomicU64::new(0),
+            memory_misses: AtomicU64::new(0),
+            pending_waits: AtomicU64::new(0),
+            locates: AtomicU64::new(0),
+            do_gets: AtomicU64::new(0),
+        })
+    }
+
+    /// The flatbuffer header of the schema message that precedes every chunk on `do_get`.
+    pub fn schema_header(&self) -> Bytes {
+        self.schema_header.clone()
+    }
+
+    /// The chunk's IPC message, decoding it first if it is cold.
+    pub async fn encoded(self: &Arc<Self>, tensor: &Arc<Tensor>, id: &ChunkId) -> ServiceResult<EncodedChunk> {
+        self.do_gets.fetch_add(1, Ordering::Relaxed);
+        let key = id.segment_key();
+        if let Some(chunk) = self.cached(&key)? {
+            return Ok(chunk);
+        }
+        match self.materialize(tensor, id, &key).await? {
+            Materialized::InMemory(chunk) => Ok(chunk),
+            Materialized::Stored => self.cached(&key)?.ok_or_else(|| {
+                ServiceError::Internal(format!(
+                    "chunk of '{}' was stored but cannot be read back",
+                    id.array_id()
+                ))
+            }),
+        }
+    }
+
+    /// Where the chunk lives in a segment file, decoding it first if it is cold.
+    /// `Err(reason)` inside the `Ok` means the file cache cannot locate it: the
+    /// client should use `do_get`.
+    pub async fn locate(
+        self: &Arc<Self>,
+        tensor: &Arc<Tensor>,
+        id: &ChunkId,
+    ) -> ServiceResult<Result<Location, String>> {
+        let store = match &self.backend {
+            Backend::File(store) => store.clone(),
+            Backend::Memory { reason } => return Ok(Err(reason.clone())),
+        };
+        let key = id.segment_key();
+        let found = match store.locate(&key) {
+            Some(location) => Some(location),
+            None => match self.materialize(tensor, id, &key).await? {
+                Materialized::Stored => store.locate(&key),
+                Materialized::InMemory(_) => {
+                    return Ok(Err(
+                        "the file cache could not store this chunk (see server log)".to_string(),
+                    ));
+                }
+            },
+        };
+        match found {
+            Some(location) => {
+                self.locates.fetch_add(1, Ordering::Relaxed);
+                Ok(Ok(location))
+            }
+            None => Ok(Err("the chunk was evicted before it could be located".to_string())),
+        }
+    }
+
+
+    fn cached(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
+        if let Backend::File(store) = &self.backend {
+            let found = store
+                .read(key)
+                .map_err(|e| ServiceError::Internal(format!("segment store read failed: {e}")))?;
+            if let Some(entry) = found {
+                return Ok(Some(EncodedChunk {
+                    header: entry.header,
+                    body: entry.body,
+                }));
+            }
+        }
+        let hit = self.memory.get(key);
+        let counter = if hit.is_some() {
+            &self.memory_hits
+        } else {
+            &self.memory_misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(hit)
+    }
+
+    async fn materialize(
+        self: &Arc<Self>,
+        tensor: &Arc<Tensor>,
+        id: &ChunkId,
+        key: &[u8],
+    ) -> ServiceResult<Materialized> {
+        let (result, waited) = self
+            .flight
+            .run(key, || {
+                let service = self.clone();
+                let tensor = tensor.clone();
+                let id = id.clone();
+                async move {
+                    let permit = service.decode_permits.acquire().await.map_err(|_| {
+                        ServiceError::Unavailable("the server is shutting down".to_string())
+                    })?;
+                    let worker = service.clone();
+                    let result =
+                        tokio::task::spawn_blocking(move || worker.decode_and_store(&tensor, &id)).await;
+                    drop(permit);
+                    result
+                        .map_err(|e| ServiceError::Internal(format!("chunk decode task failed: {e}")))?
+                }
+            })
+            .await;
+        if waited {
+            self.pending_waits.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Blocking: read the region from the source and append it to the cache.
+    fn decode_and_store(&self, tensor: &Tensor, id: &ChunkId) -> ServiceResult<Materialized> {
+        let key = id.segment_key();
+        let shape = id.region().shape();
+        let nbytes = shape
+            .iter()
+            .try_fold(tensor.itemsize(), |acc, &d| acc.checked_mul(d))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| ServiceError::InvalidArgument("chunk size overflows".to_string()))?;
+        let meta = EntryMeta {
+            shape: shape.iter().map(|&d| d as i64).collect(),
+            dtype: tensor.dtype_str(),
+        };
+        let source_error = |e: NpyError| match e {
+            NpyError::SourceChanged { .. } => ServiceError::Stale(format!(
+                "source '{}' changed on disk since this chunk was planned ({e}); plan the read again",
+                tensor.source_id
+            )),
+            other => ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id)),
+        };
+        let mut buffer = self.buffers.take(nbytes);
+        // read_region checks the file unchanged after reading: a write that raced the
+        // read is refused, never cached under the old version's id.
+        tensor
+            .file
+            .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
+            .map_err(source_error)?;
+
+        if let Backend::File(store) = &self.backend {
+            match store.append(&key, &meta, &[buffer.as_slice()]) {
+                Ok(_) => {
+                    if self.write_failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!("segment store accepts writes again; chunk caching resumed");
+                    }
+                    return Ok(Materialized::Stored);
+                }
+                Err(err) => {
+                    if !self.write_failing.swap(true, Ordering::Relaxed) {
+                        tracing::error!(error = %err, "segment store write failed; serving chunks from memory over do_get until it recovers");
+                    }
+                }
+            }
+        }
+        let chunk = encode_in_memory(&key, &meta, buffer.as_slice())?;
+        self.memory.insert(&key, chunk.clone());
+        Ok(Materialized::InMemory(chunk))
+    }
+
+    /// Counters for the `cache_stats` action.
+    pub fn stats(&self) -> CacheStats {
+        let mem = self.memory.stats();
+        let hits = self.memory_hits.load(Ordering::Relaxed);
+        let misses = self.memory_misses.load(Ordering::Relaxed);
+        let pending = self.pending_waits.load(Ordering::Relaxed);
+        let locates = self.locates.load(Ordering::Relaxed);
+        let do_gets = self.do_gets.load(Ordering::Relaxed);
+        match &self.backend {
+            Backend::File(store) => {
+                let s = store.stats();
+                CacheStats {
+                    backend: CacheBackend::File,
+                    total_entries: s.total_entries,
+                    total_bytes: s.total_bytes,
+                    max_entries: s.max_entries,
+                    max_bytes: s.max_bytes,
+                    hits: s.hits,
+                    misses: s.misses,
+                    evictions: s.evictions,
+                    pending_waits: s.pending_waits + pending,
+                    ref_held_evictions_skipped: s.ref_held_evictions_skipped,
+                    oversized_skips: s.oversized_skips,
+                    unlinked_bytes: s.unlinked_bytes,
+                    segments: s.segments,
+                    locates,
+                    do_gets,
+                }
+            }
+            Backend::Memory { .. } => CacheStats {
+                backend: CacheBackend::Memory,
+                total_entries: mem.entries,
+                total_bytes: mem.bytes,
+                max_entries: 0,
+                max_bytes: self.memory.max_bytes(),
+                hits,
+                misses,
+                evictions: mem.evictions,
+                pending_waits: pending,
+                ref_held_evictions_skipped: 0,
+                oversized_skips: mem.oversized_skips,
+                unlinked_bytes: 0,
+                segments: 0,
+                locates,
+                do_gets,
+            },
+        }
+    }
+
+    /// Seals the open segments so the next start trusts their sidecars.
+    pub fn close(&self) {
+        if let Backend::File(store) = &self.backend {
+            if let Err(err) = store.close() {
+                tracing::error!(error = %err, "sealing the segment store failed");
+            }
+        }
+    }
+}
+
+/// Drops the continuation marker and length in front of an encapsulated IPC
+/// message, leaving the flatbuffer metadata Flight puts in `data_header`.
+fn strip_prefix(mut message: Vec<u8>) -> Vec<u8> {
+    message.drain(..message.len().min(8));
+    message
+}
+
+/// Builds the chunk's IPC message in memory: one copy of the data into a fresh body.
+fn encode_in_memory(key: &[u8], meta: &EntryMeta, data: &[u8]) -> ServiceResult<EncodedChunk> {
+    let encode_error = |e: tessera_segments::ipc::EncodeError| {
+        ServiceError::Internal(format!("encoding chunk message: {e}"))
+    };
+    let layout = tessera_segments::ipc::EntryBody::new(key, &meta.shape, &meta.dtype, data.len() as u64)
+        .map_err(encode_error)?;
+    let header = layout.message(0, None).map_err(encode_error)?;
+    let mut body = Vec::with_capacity(layout.len() as usize);
+    body.extend_from_slice(layout.prefix());
+    body.extend_from_slice(data);
+    body.extend_from_slice(layout.suffix());
+    Ok(EncodedChunk {
+        header: Bytes::from(strip_prefix(header)),
+        body: Bytes::from(body),
+    })
+}

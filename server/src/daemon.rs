@@ -1,0 +1,184 @@
+//! The daemon: open the cache, scan the sources, bind, serve until told to stop.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use tessera_segments::{Store, StoreError, StoreOptions};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::chunks::{Backend, ChunkService};
+use crate::config::{CacheKind, ServeConfig};
+use crate::flight::auth::{TokenCheck, validate_token};
+use crate::flight::{ServiceState, TesseraFlight};
+use crate::source::npy::Limits;
+use crate::source::registry::{OpenOptions, Registry};
+
+/// Largest message the server sends: a 64 MiB chunk plus its header, with room to spare.
+const MAX_ENCODE_BYTES: usize = 80 << 20;
+/// Largest request accepted: plans and tickets are small; this bounds hostile ones.
+const MAX_DECODE_BYTES: usize = 16 << 20;
+/// How long in-flight calls may run after a stop signal before the process exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Why the daemon could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Listening on a non-loopback address without a token.
+    #[error(
+        "refusing to listen on {0} without a token: anyone who can reach it could read every source. \
+         Set one with --token TOKEN or TESSERA_TOKEN (16-128 chars of [A-Za-z0-9_-]), or listen on 127.0.0.1"
+    )]
+    ExposedWithoutToken(SocketAddr),
+    /// The token has the wrong form.
+    #[error("{0}")]
+    BadToken(#[from] crate::flight::auth::BadToken),
+    /// Another process holds the cache directory.
+    #[error("cache directory is in use: {0}")]
+    CacheLocked(StoreError),
+    /// The chunk cache could not be set up.
+    #[error("chunk cache: {0}")]
+    Cache(String),
+    /// Binding the listen address failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A bound, ready-to-run server.
+pub struct Daemon {
+    listener: TcpListener,
+    state: Arc<ServiceState>,
+    token: Option<String>,
+}
+
+impl Daemon {
+    /// Opens the cache, scans the sources and binds the listen address.
+    pub async fn bind(config: &ServeConfig) -> Result<Daemon, DaemonError> {
+        if let Some(token) = &config.token {
+            validate_token(token)?;
+        } else if !config.listen.ip().is_loopback() {
+            return Err(DaemonError::ExposedWithoutToken(config.listen));
+        }
+        let backend = open_backend(config)?;
+        let options = OpenOptions {
+            limits: Limits::default(),
+            target_chunk_bytes: config.chunk_target,
+        };
+        let paths = config.paths.clone();
+        let scan_options = options.clone();
+        let (registry, _problems) =
+            tokio::task::spawn_blocking(move || Registry::scan(&paths, &scan_options))
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "source scan failed");
+                    (Registry::default(), Vec::new())
+                });
+        let decoders = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+        let chunks = ChunkService::new(backend, config.memory_cache_bytes, decoders)
+            .map_err(|e| DaemonError::Cache(e.to_string()))?;
+        let chunks = Arc::new(chunks);
+        let state = Arc::new(ServiceState::new(registry, options, chunks));
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| DaemonError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        Ok(Daemon {
+            listener,
+            state,
+            token: config.token.clone(),
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, std::io::Error> {
+        self.listener.local_addr()
+    }
+
+    /// The shared service state.
+    pub fn state(&self) -> &Arc<ServiceState> {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, lets in-flight calls finish (bounded), then
+    /// seals the cache.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), DaemonError> {
+        let addr = self.listener.local_addr().ok();
+        let service = FlightServiceServer::new(TesseraFlight::new(self.state.clone()))
+            .max_encoding_message_size(MAX_ENCODE_BYTES)
+            .max_decoding_message_size(MAX_DECODE_BYTES);
+        let check = TokenCheck::new(self.token.clone());
+        let service = InterceptedService::new(service, move |req| check.check(req));
+        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("stop requested; finishing in-flight calls");
+            let _ = stopping_tx.send(());
+        };
+        if let Some(addr) = addr {
+            tracing::info!("listening on grpc://{addr}");
+        }
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(32 << 20)
+            .max_frame_size(1 << 20)
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), signal);
+        tokio::pin!(server);
+        let grace = async {
+            if stopping_rx.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let result = tokio::select! {
+            r = &mut server => r.map_err(DaemonError::from),
+            () = grace => {
+                tracing::warn!("in-flight calls did not finish within {SHUTDOWN_GRACE:?}; stopping anyway");
+                Ok(())
+            }
+        };
+        self.state.chunks().close();
+        tracing::info!("stopped");
+        result
+    }
+}
+
+fn open_backend(config: &ServeConfig) -> Result<Backend, DaemonError> {
+    if config.cache == CacheKind::Memory {
+        return Ok(Backend::Memory {
+            reason: "this server runs with a memory cache (--cache memory)".to_string(),
+        });
+    }
+    let options = StoreOptions::new(config.cache_dir.clone())
+        .with_max_bytes(config.cache_max_bytes)
+        .with_allow_network_fs(config.allow_network_cache);
+    match Store::open(options) {
+        Ok(store) => {
+            tracing::info!(dir = %config.cache_dir.display(), "file cache open");
+            Ok(Backend::File(Arc::new(store)))
+        }
+        Err(err @ StoreError::Locked { .. }) => Err(DaemonError::CacheLocked(err)),
+        Err(err) => {
+            tracing::warn!(error = %err, "file cache unavailable; serving with a memory cache (chunks travel over do_get)");
+            Ok(Backend::Memory {
+                reason: format!("the file cache is unavailable: {err}"),
+            })
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The one error type of the Flight service and its exhaustive mapping to gRPC status.
+//!
+//! Python clients turn gRPC codes into exception classes (see
+//! `shared/reference/biopb-protocol.md` §6): only UNKNOWN, UNAVAILABLE,
+//! UNAUTHENTICATED and INTERNAL become `flight.FlightError` subclasses that the
+//! biopb client's recovery paths catch. So NOT_FOUND and INVALID_ARGUMENT never
+//! travel as bare codes: they ride inside Arrow's `x-arrow-status*` trailers as
+//! the `extra_info` JSON `{"code": …, "reason": …}` of an UNKNOWN status, which
+//! the biopb client turns into `ValueError`.
+
+use bytes::Bytes;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Status};
+
+/// Everything a Flight call can fail with.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The call carried no token or the wrong one.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The requested array id names no source.
+    #[error("unknown array id '{0}': no such source")]
+    UnknownSource(String),
+    /// The source exists but the field after `/` does not.
+    #[error("unknown array id '{array_id}': source '{source_id}' has no tensor '{field}'")]
+    UnknownField {
+        /// The id as requested.
+        array_id: String,
+        /// The source part of the id.
+        source_id: String,
+        /// The field part of the id.
+        field: String,
+    },
+    /// The request was malformed or asked for something impossible (bad slice, bad ticket).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A chunk ticket that was valid once, but its source changed since the plan.
+    #[error("{0}")]
+    Stale(String),
+    /// An action name this server does not know. The text must contain
+    /// `Unknown action` so clients stop probing.
+    #[error("Unknown action: {0}")]
+    UnknownAction(String),
+    /// A well-formed request for something this server does not offer.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A catalog SQL query failed or was refused.
+    #[error("Catalog query failed: {0}")]
+    Catalog(String),
+    /// The server cannot answer now (shutting down, overloaded, source deleted).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A server-side failure: I/O error, broken cache, bug.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What the biopb client puts in `extra_info` to classify an addressing error.
+fn extra_info(code: &str, reason: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "code": code, "reason": reason }).to_string())
+}
+
+impl ServiceError {
+    /// The gRPC code, the Arrow Flight detail name and the optional `extra_info` JSON.
+    fn classify(&self) -> (Code, &'static str, Option<Bytes>) {
+        match self {
+            Self::Unauthenticated(_) => (Code::Unauthenticated, "Unauthenticated", None),
+            Self::UnknownSource(_) => (
+                Code::Unknown,
+                "Failed",
+                Some(extra_info("NOT_FOUND", "unknown_source")),
+            ),
+            Self::UnknownField { .. } => (
+                Code::Unknown,
+                "Failed",
+                Some(extra_info("NOT_FOUND", "unknown_field")),
+            ),
+            Self::InvalidArgument(_) => (
+                Code::Unknown,
+                "Failed",
+                Some(extra_info("INVALID_ARGUMENT", "bad_request")),
+            ),
+            Self::Stale(_) => (
+                Code::Unknown,
+                "Failed",
+                Some(extra_info("NOT_FOUND", "stale_chunk")),
+            ),
+            Self::UnknownAction(_) | Self::Unsupported(_) | Self::Catalog(_) => {
+                (Code::Unknown, "Failed", None)
+            }
+            Self::Unavailable(_) => (Code::Unavailable, "Unavailable", None),
+            Self::Internal(_) => (Code::Internal, "Internal", None),
+        }
+    }
+
+    /// Whether the failure is the server's fault (logged at error level) or the caller's.
+    fn is_server_fault(&self) -> bool {
+        matches!(self, Self::Internal(_))
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(err: ServiceError) -> Status {
+        let message = err.to_string();
+        if err.is_server_fault() {
+            tracing::error!(error = %message, "call failed");
+        } else {
+            tracing::debug!(error = %message, "call refused");
+        }
+        let (code, detail, info) = err.classify();
+        let mut metadata = MetadataMap::new();
+        // Arrow's own trailers: with them pyarrow keeps `extra_info` and the exact
+        // exception class; without them it drops grpc-status-details-bin.
+        // "5" is arrow::StatusCode::IOError, the code Flight statuses travel under.
+        metadata.insert("x-arrow-status", MetadataValue::from_static("5"));
+        metadata.insert_bin(
+            "x-arrow-status-message-bin",
+            MetadataValue::from_bytes(message.as_bytes()),
+        );
+        metadata.insert_bin(
+            "x-arrow-status-detail-bin",
+            MetadataValue::from_bytes(detail.as_bytes()),
+        );
+        let text = format!("{message}. Detail: {detail}");
+        match info {
+            Some(details) => Status::with_details_and_metadata(code, text, details, metadata),
+            None => Status::with_metadata(code, text, metadata),
+        }
+    }
+}
+
+/// Shorthand for results of the service.
+pub type ServiceResult<T> = Result<T, ServiceError>;

@@ -1,0 +1,333 @@
+//! The Arrow Flight service speaking the biopb tensor protocol (Flight protocol 3,
+//! chunk wire protocol 2).
+//!
+//! ```text
+//!  client                                   Tessera
+//!    │ DoAction health ───────────────────────▶ {"protocol":3,"status":"SERVING",…}
+//!    │ GetFlightInfo CMD FlightRequest{tensor_read} ─▶ plan: schema stamped
+//!    │                                          │  chunk_wire_protocol=2, flight_protocol=3;
+//!    │ ◀──────────── FlightInfo ────────────────┘  one endpoint per chunk (ticket + bounds)
+//!    │
+//!    │ loopback:  DoAction chunk_locate(ticket) ─▶ decode+append if cold, then
+//!    │ ◀───────── {segment_path, byte_offset, byte_length, generation_id}
+//!    │            client mmaps the segment and reads the IPC message in place
+//!    │
+//!    │ otherwise: DoGet(ticket) ──────────────▶ decode+append if cold, then
+//!    │ ◀───────── schema message, one record batch (slices of the mapped segment)
+//! ```
+
+pub mod actions;
+pub mod auth;
+pub mod plan;
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+    flight_descriptor::DescriptorType,
+};
+use arrow_ipc::writer::IpcWriteOptions;
+use futures::Stream;
+use parking_lot::RwLock;
+use prost::Message;
+use tessera_proto::pb::TensorReadOption;
+use tessera_proto::ticket::{TicketPayload, decode_flight_request, decode_ticket};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::chunk_id::ChunkId;
+use crate::chunks::ChunkService;
+use crate::error::{ServiceError, ServiceResult};
+use crate::source::registry::{OpenOptions, Registry, Tensor};
+
+/// A boxed response stream.
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Everything the service shares between calls.
+pub struct ServiceState {
+    registry: RwLock<Registry>,
+    open_options: OpenOptions,
+    chunks: Arc<ChunkService>,
+    started: Instant,
+}
+
+impl ServiceState {
+    /// State over an already scanned registry.
+    pub fn new(registry: Registry, open_options: OpenOptions, chunks: Arc<ChunkService>) -> Self {
+        Self {
+            registry: RwLock::new(registry),
+            open_options,
+            chunks,
+            started: Instant::now(),
+        }
+    }
+
+    /// The chunk service (for shutdown).
+    pub fn chunks(&self) -> &Arc<ChunkService> {
+        &self.chunks
+    }
+
+    /// How many sources are served.
+    pub fn source_count(&self) -> usize {
+        self.registry.read().len()
+    }
+
+    /// Resolves an array id (`source` or `source/field`) to its tensor, reopening
+    /// the source first if its file changed on disk since it was opened.
+    pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
+        let (source_id, field) = match array_id.split_once('/') {
+            Some((s, f)) => (s, Some(f)),
+            None => (array_id, None),
+        };
+        let tensor = {
+            let registry = self.registry.read();
+            match registry.get(source_id) {
+                Some(t) => t.clone(),
+                None => {
+                    return Err(match registry.refused_source(source_id) {
+                        Some(refused) => ServiceError::InvalidArgument(format!(
+                            "source '{source_id}' is not served: {}",
+                            refused.reason
+                        )),
+                        None => ServiceError::UnknownSource(array_id.to_string()),
+                    });
+                }
+            }
+        };
+        if let Some(field) = field.filter(|f| !f.is_empty()) {
+            return Err(ServiceError::UnknownField {
+                array_id: array_id.to_string(),
+                source_id: source_id.to_string(),
+                field: field.to_string(),
+            });
+        }
+        if tensor.file.check_unchanged().is_ok() {
+            return Ok(tensor);
+        }
+        self.reopen(&tensor)
+    }
+
+    fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
+        let path = stale.file.path().to_path_buf();
+        tracing::info!(source_id = %stale.source_id, path = %path.display(), "source changed on disk; reopening");
+        let mut registry = self.registry.write();
+        registry.reopen(&stale.source_id, &path, &self.open_options);
+        match registry.get(&stale.source_id) {
+            Some(t) => Ok(t.clone()),
+            None => Err(ServiceError::Unavailable(format!(
+                "source '{}' changed on disk and can no longer be read: {}",
+                stale.source_id,
+                registry
+                    .refused_source(&stale.source_id)
+                    .map(|r| r.reason.as_str())
+                    .unwrap_or("unknown reason")
+            ))),
+        }
+    }
+
+    /// Decodes and validates a chunk id from a ticket: the tensor must exist, the
+    /// content version must be current, and the region must be one grid cell.
+    pub fn resolve_chunk(&self, chunk_id: &[u8]) -> ServiceResult<(Arc<Tensor>, ChunkId)> {
+        let id = ChunkId::decode(chunk_id)
+            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
+        let tensor = self.resolve(id.array_id())?;
+        if id.version() != tensor.version {
+            return Err(ServiceError::Stale(format!(
+                "chunk of '{}' was planned against another version of the source; plan the read again",
+                id.array_id()
+            )));
+        }
+        if !tensor.grid.is_cell(id.region()) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
+                id.region().start,
+                id.region().stop,
+                id.array_id()
+            )));
+        }
+        Ok((tensor, id))
+    }
+
+    /// Paths of served sources (for logs and tests).
+    pub fn source_paths(&self) -> Vec<PathBuf> {
+        self.registry
+            .read()
+            .tensors()
+            .map(|t| t.file.path().to_path_buf())
+            .collect()
+    }
+}
+
+/// The Flight service.
+#[derive(Clone)]
+pub struct TesseraFlight {
+    state: Arc<ServiceState>,
+}
+
+impl TesseraFlight {
+    /// A service over `state`.
+    pub fn new(state: Arc<ServiceState>) -> Self {
+        Self { state }
+    }
+
+    async fn do_get_chunk(&self, chunk_id: &[u8]) -> ServiceResult<Vec<FlightData>> {
+        let (tensor, id) = self.state.resolve_chunk(chunk_id)?;
+        let chunk = self.state.chunks.encoded(&tensor, &id).await?;
+        let schema = FlightData::new().with_data_header(self.state.chunks.schema_header());
+        let batch = FlightData::new()
+            .with_data_header(chunk.header)
+            .with_data_body(chunk.body);
+        Ok(vec![schema, batch])
+    }
+
+    fn plan_descriptor(&self, descriptor: &FlightDescriptor) -> ServiceResult<FlightInfo> {
+        match descriptor.r#type() {
+            DescriptorType::Cmd => {
+                let request = decode_flight_request(&descriptor.cmd)
+                    .map_err(|e| ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}")))?;
+                let tensor = self.state.resolve(&request.array_id)?;
+                plan::plan(&tensor, &request, &request.encode_to_vec())
+            }
+            DescriptorType::Path => {
+                let [name] = descriptor.path.as_slice() else {
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "path descriptor {:?} must hold exactly one array id",
+                        descriptor.path
+                    )));
+                };
+                let tensor = self.state.resolve(name)?;
+                let request = TensorReadOption {
+                    array_id: name.clone(),
+                    ..Default::default()
+                };
+                let info = plan::plan(&tensor, &request, &request.encode_to_vec())?;
+                Ok(info.with_descriptor(descriptor.clone()))
+            }
+            DescriptorType::Unknown => Err(ServiceError::InvalidArgument(
+                "flight descriptor has no type (neither CMD nor PATH)".to_string(),
+            )),
+        }
+    }
+}
+
+fn once<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
+    Box::pin(futures::stream::iter(items.into_iter().map(Ok)))
+}
+
+#[tonic::async_trait]
+impl FlightService for TesseraFlight {
+    type HandshakeStream = BoxStream<HandshakeResponse>;
+    type ListFlightsStream = BoxStream<FlightInfo>;
+    type DoGetStream = BoxStream<FlightData>;
+    type DoPutStream = BoxStream<PutResult>;
+    type DoExchangeStream = BoxStream<FlightData>;
+    type DoActionStream = BoxStream<arrow_flight::Result>;
+    type ListActionsStream = BoxStream<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        // No handshake is needed: tokens travel as `authorization: Bearer` headers.
+        Ok(Response::new(once(Vec::new())))
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let tensors: Vec<Arc<Tensor>> = self.state.registry.read().tensors().cloned().collect();
+        let mut infos = Vec::with_capacity(tensors.len());
+        for tensor in tensors {
+            let request = TensorReadOption {
+                array_id: tensor.array_id.clone(),
+                ..Default::default()
+            };
+            let info = plan::plan(&tensor, &request, &request.encode_to_vec())?
+                .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
+            infos.push(info);
+        }
+        Ok(Response::new(once(infos)))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Ok(Response::new(self.plan_descriptor(request.get_ref())?))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        let descriptor = request.into_inner();
+        let info = self.plan_descriptor(&descriptor)?;
+        Ok(Response::new(PollInfo::new().with_info(info).with_descriptor(descriptor)))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.plan_descriptor(request.get_ref())?;
+        let schema = tessera_proto::schema::plan_schema();
+        let result: SchemaResult = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow_schema::ArrowError| {
+                ServiceError::Internal(format!("encoding schema: {e}"))
+            })?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        let ticket = request.into_inner().ticket;
+        let payload = decode_ticket(&ticket)
+            .map_err(|e| ServiceError::InvalidArgument(format!("malformed ticket: {e}")))?;
+        match payload {
+            TicketPayload::ChunkId(chunk_id) => Ok(Response::new(once(self.do_get_chunk(&chunk_id).await?))),
+            TicketPayload::CatalogQuery(_) => Err(ServiceError::Catalog(
+                "this server has no SQL catalog yet; list tensors with ListFlights".to_string(),
+            )
+            .into()),
+            TicketPayload::Other(arm) => Err(ServiceError::Unsupported(format!(
+                "ticket kind '{arm}' is not served by Tessera"
+            ))
+            .into()),
+        }
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(ServiceError::Unsupported("DoPut is not supported: Tessera serves read-only sources".to_string()).into())
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(ServiceError::Unsupported("DoExchange is not supported by Tessera".to_string()).into())
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let body = actions::run(&self.state, &action.r#type, &action.body).await?;
+        Ok(Response::new(once(vec![arrow_flight::Result::new(body)])))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        Ok(Response::new(once(actions::action_types())))
+    }
+}
