@@ -1,0 +1,111 @@
+"""Fixtures for interop tests: numpy-made tensors and the real `tessera` binary.
+
+The server binary is taken from $TESSERA_BIN, else target/debug/tessera (built by
+./run-tests before pytest runs). Each server listens on 127.0.0.1:0; the bound
+address is read from its "listening on grpc://ADDR" log line.
+"""
+import os
+import pathlib
+import re
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LISTENING = re.compile(r"listening on (grpc://[0-9.:]+)")
+
+
+def tessera_bin() -> str:
+    path = os.environ.get("TESSERA_BIN") or str(ROOT / "target" / "debug" / "tessera")
+    if not os.path.exists(path):
+        pytest.fail(f"server binary {path} is missing: run `cargo build -p tessera-server` first")
+    return path
+
+
+class Server:
+    """A running `tessera serve` process."""
+
+    def __init__(self, args, env=None):
+        self.proc = subprocess.Popen(
+            [tessera_bin(), "serve", *map(str, args), "--listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "RUST_LOG": "info", **(env or {})},
+        )
+        self.log = []
+        self.location = None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                m = LISTENING.search(line)
+                if m and not ready.is_set():
+                    self.location = m.group(1)
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(60) or self.location is None:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.log))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    servers = []
+
+    def start(*paths, extra=(), env=None, cache_dir=None):
+        cache = cache_dir or (tmp_path / f"cache{len(servers)}")
+        server = Server([*paths, "--cache-dir", cache, *extra], env=env)
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        code = s.stop()
+        assert code == 0, "server did not exit cleanly on SIGTERM:\n" + "".join(s.log)
+
+
+def _fixture_arrays():
+    rng = np.random.default_rng(7)
+    arrays = {
+        "u16_stack": rng.integers(0, 65535, (6, 70, 90), dtype=np.uint16),
+        "be_i2": rng.integers(-30000, 30000, (33, 47), dtype="<i2").astype(">i2"),
+        "f32_4d": rng.standard_normal((3, 4, 30, 40)).astype("<f4"),
+        "f64_1d": rng.standard_normal(5000),
+        "u8_rgb": rng.integers(0, 255, (50, 60, 3), dtype="|u1"),
+        "c8": (rng.standard_normal((20, 20)) + 1j * rng.standard_normal((20, 20))).astype("<c8"),
+        "bool": rng.integers(0, 2, (17, 19)).astype("|b1"),
+        "fortran": np.asfortranarray(rng.integers(0, 1000, (25, 35, 7), dtype="<i4")),
+    }
+    arrays["f32_4d"][0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    return arrays
+
+
+@pytest.fixture(scope="session")
+def arrays():
+    return _fixture_arrays()
+
+
+@pytest.fixture
+def fixture_dir(tmp_path, arrays):
+    d = tmp_path / "data"
+    d.mkdir()
+    for name, arr in arrays.items():
+        np.save(d / f"{name}.npy", arr)
+    return d
