@@ -133,7 +133,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TESSERA_ALLOW_NETWORK_CACHE")]
     pub allow_network_cache: bool,
     /// Require `authorization: Bearer TOKEN` on every call (16–128 chars of [A-Za-z0-9_-]).
-    #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    #[arg(
+        long,
+        env = "TESSERA_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
     pub token: Option<String>,
     /// Target chunk size below the 64MiB cap, e.g. 8MiB [default: 8MiB].
     #[arg(long, env = "TESSERA_CHUNK_TARGET", value_name = "SIZE")]
@@ -233,7 +238,8 @@ impl ServeConfig {
                 .unwrap_or_else(default_cache_dir),
             cache_max_bytes,
             memory_cache_bytes: DEFAULT_MEMORY_CACHE_BYTES.min(cache_max_bytes.max(1 << 20)),
-            allow_network_cache: args.allow_network_cache || cache_file.allow_network.unwrap_or(false),
+            allow_network_cache: args.allow_network_cache
+                || cache_file.allow_network.unwrap_or(false),
             token,
             chunk_target,
         })
@@ -258,7 +264,9 @@ pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().map_err(|_| ConfigError::Size(text.to_string()))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| ConfigError::Size(text.to_string()))?;
     let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,

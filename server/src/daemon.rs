@@ -85,17 +85,20 @@ impl Daemon {
                     tracing::error!(error = %e, "source scan failed");
                     (Registry::default(), Vec::new())
                 });
-        let decoders = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+        let decoders = std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .max(2);
         let chunks = ChunkService::new(backend, config.memory_cache_bytes, decoders)
             .map_err(|e| DaemonError::Cache(e.to_string()))?;
         let chunks = Arc::new(chunks);
         let state = Arc::new(ServiceState::new(registry, options, chunks));
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| DaemonError::Bind {
-                addr: config.listen,
-                source,
-            })?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| DaemonError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
         Ok(Daemon {
             listener,
             state,
@@ -115,7 +118,10 @@ impl Daemon {
 
     /// Serves until `shutdown` resolves, lets in-flight calls finish (bounded), then
     /// seals the cache.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), DaemonError> {
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), DaemonError> {
         let addr = self.listener.local_addr().ok();
         let service = FlightServiceServer::new(TesseraFlight::new(self.state.clone()))
             .max_encoding_message_size(MAX_ENCODE_BYTES)

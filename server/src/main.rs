@@ -12,7 +12,13 @@ use tracing_subscriber::EnvFilter;
 #[command(name = "tessera", version, about)]
 struct Cli {
     /// Log line format.
-    #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "TESSERA_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -37,7 +43,9 @@ enum Command {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -78,7 +86,9 @@ async fn main() -> anyhow::Result<()> {
             if config.paths.is_empty() {
                 tracing::warn!("no sources given: pass .npy files or directories to serve");
             }
-            let daemon = Daemon::bind(&config).await.context("cannot start the server")?;
+            let daemon = Daemon::bind(&config)
+                .await
+                .context("cannot start the server")?;
             daemon.run(stop_signal()).await.context("server failed")?;
         }
     }

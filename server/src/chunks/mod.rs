@@ -102,8 +102,9 @@ impl ChunkService {
         let schema_header = match &backend {
             Backend::File(store) => store.schema_message(),
             Backend::Memory { .. } => {
-                let message = tessera_segments::ipc::schema_message()
-                    .map_err(|e| ServiceError::Internal(format!("encoding the chunk schema: {e}")))?;
+                let message = tessera_segments::ipc::schema_message().map_err(|e| {
+                    ServiceError::Internal(format!("encoding the chunk schema: {e}"))
+                })?;
                 Bytes::from(strip_prefix(message))
             }
         };
@@ -129,7 +130,11 @@ impl ChunkService {
     }
 
     /// The chunk's IPC message, decoding it first if it is cold.
-    pub async fn encoded(self: &Arc<Self>, tensor: &Arc<Tensor>, id: &ChunkId) -> ServiceResult<EncodedChunk> {
+    pub async fn encoded(
+        self: &Arc<Self>,
+        tensor: &Arc<Tensor>,
+        id: &ChunkId,
+    ) -> ServiceResult<EncodedChunk> {
         self.do_gets.fetch_add(1, Ordering::Relaxed);
         let key = id.segment_key();
         if let Some(chunk) = self.cached(&key)? {
@@ -175,10 +180,11 @@ impl ChunkService {
                 self.locates.fetch_add(1, Ordering::Relaxed);
                 Ok(Ok(location))
             }
-            None => Ok(Err("the chunk was evicted before it could be located".to_string())),
+            None => Ok(Err(
+                "the chunk was evicted before it could be located".to_string()
+            )),
         }
     }
-
 
     fn cached(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
         if let Backend::File(store) = &self.backend {
@@ -220,10 +226,12 @@ impl ChunkService {
                     })?;
                     let worker = service.clone();
                     let result =
-                        tokio::task::spawn_blocking(move || worker.decode_and_store(&tensor, &id)).await;
+                        tokio::task::spawn_blocking(move || worker.decode_and_store(&tensor, &id))
+                            .await;
                     drop(permit);
-                    result
-                        .map_err(|e| ServiceError::Internal(format!("chunk decode task failed: {e}")))?
+                    result.map_err(|e| {
+                        ServiceError::Internal(format!("chunk decode task failed: {e}"))
+                    })?
                 }
             })
             .await;
@@ -251,7 +259,9 @@ impl ChunkService {
                 "source '{}' changed on disk since this chunk was planned ({e}); plan the read again",
                 tensor.source_id
             )),
-            other => ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id)),
+            other => {
+                ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id))
+            }
         };
         let mut buffer = self.buffers.take(nbytes);
         // read_region checks the file unchanged after reading: a write that raced the
@@ -332,10 +342,10 @@ impl ChunkService {
 
     /// Seals the open segments so the next start trusts their sidecars.
     pub fn close(&self) {
-        if let Backend::File(store) = &self.backend {
-            if let Err(err) = store.close() {
-                tracing::error!(error = %err, "sealing the segment store failed");
-            }
+        if let Backend::File(store) = &self.backend
+            && let Err(err) = store.close()
+        {
+            tracing::error!(error = %err, "sealing the segment store failed");
         }
     }
 }
@@ -352,8 +362,9 @@ fn encode_in_memory(key: &[u8], meta: &EntryMeta, data: &[u8]) -> ServiceResult<
     let encode_error = |e: tessera_segments::ipc::EncodeError| {
         ServiceError::Internal(format!("encoding chunk message: {e}"))
     };
-    let layout = tessera_segments::ipc::EntryBody::new(key, &meta.shape, &meta.dtype, data.len() as u64)
-        .map_err(encode_error)?;
+    let layout =
+        tessera_segments::ipc::EntryBody::new(key, &meta.shape, &meta.dtype, data.len() as u64)
+            .map_err(encode_error)?;
     let header = layout.message(0, None).map_err(encode_error)?;
     let mut body = Vec::with_capacity(layout.len() as usize);
     body.extend_from_slice(layout.prefix());

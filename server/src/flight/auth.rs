@@ -80,12 +80,23 @@ mod tests {
         let check = TokenCheck::new(Some("abcdefghijklmnop".to_string()));
         assert!(check.check(Request::new(())).is_err());
         let mut bad = Request::new(());
-        bad.metadata_mut()
-            .insert("authorization", "Bearer abcdefghijklmnoq".parse().unwrap_or_else(|_| unreachable!()));
-        assert_eq!(check.check(bad).err().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+        bad.metadata_mut().insert(
+            "authorization",
+            "Bearer abcdefghijklmnoq"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(
+            check.check(bad).err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated)
+        );
         let mut good = Request::new(());
-        good.metadata_mut()
-            .insert("authorization", "Bearer abcdefghijklmnop".parse().unwrap_or_else(|_| unreachable!()));
+        good.metadata_mut().insert(
+            "authorization",
+            "Bearer abcdefghijklmnop"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
         assert!(check.check(good).is_ok());
         assert!(TokenCheck::new(None).check(Request::new(())).is_ok());
     }

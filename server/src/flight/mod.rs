@@ -187,8 +187,9 @@ impl TesseraFlight {
     fn plan_descriptor(&self, descriptor: &FlightDescriptor) -> ServiceResult<FlightInfo> {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
-                let request = decode_flight_request(&descriptor.cmd)
-                    .map_err(|e| ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}")))?;
+                let request = decode_flight_request(&descriptor.cmd).map_err(|e| {
+                    ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}"))
+                })?;
                 let tensor = self.state.resolve(&request.array_id)?;
                 plan::plan(&tensor, &request, &request.encode_to_vec())
             }
@@ -267,7 +268,9 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<PollInfo>, Status> {
         let descriptor = request.into_inner();
         let info = self.plan_descriptor(&descriptor)?;
-        Ok(Response::new(PollInfo::new().with_info(info).with_descriptor(descriptor)))
+        Ok(Response::new(
+            PollInfo::new().with_info(info).with_descriptor(descriptor),
+        ))
     }
 
     async fn get_schema(
@@ -284,12 +287,17 @@ impl FlightService for TesseraFlight {
         Ok(Response::new(result))
     }
 
-    async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
         let ticket = request.into_inner().ticket;
         let payload = decode_ticket(&ticket)
             .map_err(|e| ServiceError::InvalidArgument(format!("malformed ticket: {e}")))?;
         match payload {
-            TicketPayload::ChunkId(chunk_id) => Ok(Response::new(once(self.do_get_chunk(&chunk_id).await?))),
+            TicketPayload::ChunkId(chunk_id) => {
+                Ok(Response::new(once(self.do_get_chunk(&chunk_id).await?)))
+            }
             TicketPayload::CatalogQuery(_) => Err(ServiceError::Catalog(
                 "this server has no SQL catalog yet; list tensors with ListFlights".to_string(),
             )
@@ -305,7 +313,10 @@ impl FlightService for TesseraFlight {
         &self,
         _request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(ServiceError::Unsupported("DoPut is not supported: Tessera serves read-only sources".to_string()).into())
+        Err(ServiceError::Unsupported(
+            "DoPut is not supported: Tessera serves read-only sources".to_string(),
+        )
+        .into())
     }
 
     async fn do_exchange(

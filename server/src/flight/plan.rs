@@ -65,8 +65,7 @@ fn requested_region(tensor: &Tensor, slice: Option<&SliceHint>) -> ServiceResult
     }
     let mut start = Vec::with_capacity(rank);
     let mut stop = Vec::with_capacity(rank);
-    for axis in 0..rank {
-        let (a, b, dim) = (slice.start[axis], slice.stop[axis], shape[axis]);
+    for (axis, ((&a, &b), &dim)) in slice.start.iter().zip(&slice.stop).zip(shape).enumerate() {
         let valid = a >= 0 && b >= a && (b as u64) <= dim;
         if !valid {
             return Err(ServiceError::InvalidArgument(format!(
@@ -107,17 +106,17 @@ pub fn plan(
     let requested = requested_region(tensor, request.slice_hint.as_ref())?;
     let whole = Region::whole(tensor.shape());
     let realized = match &requested {
-        Some(region) => tensor
-            .grid
-            .snap(region)
-            .map_err(|e| ServiceError::InvalidArgument(format!("slice of '{}': {e}", tensor.array_id)))?,
+        Some(region) => tensor.grid.snap(region).map_err(|e| {
+            ServiceError::InvalidArgument(format!("slice of '{}': {e}", tensor.array_id))
+        })?,
         None => whole,
     };
     let realized_shape = realized.shape();
-    let slice_hint = (requested.is_some() || realized.start.iter().any(|&s| s > 0)).then(|| SliceHint {
-        start: to_i64(&realized.start),
-        stop: to_i64(&realized.stop),
-    });
+    let slice_hint =
+        (requested.is_some() || realized.start.iter().any(|&s| s > 0)).then(|| SliceHint {
+            start: to_i64(&realized.start),
+            stop: to_i64(&realized.stop),
+        });
 
     let descriptor = TensorDescriptor {
         array_id: request.array_id.clone(),
@@ -160,10 +159,9 @@ pub fn plan(
 
 /// One endpoint per grid cell of the realized region, in C order.
 pub fn endpoints(tensor: &Tensor, realized: &Region) -> ServiceResult<Vec<FlightEndpoint>> {
-    let cells = tensor
-        .grid
-        .cells(realized)
-        .map_err(|e| ServiceError::InvalidArgument(format!("region of '{}': {e}", tensor.array_id)))?;
+    let cells = tensor.grid.cells(realized).map_err(|e| {
+        ServiceError::InvalidArgument(format!("region of '{}': {e}", tensor.array_id))
+    })?;
     cells
         .map(|cell| {
             let bounds = ChunkBounds {
@@ -183,7 +181,9 @@ pub fn endpoints(tensor: &Tensor, realized: &Region) -> ServiceResult<Vec<Flight
             let id = ChunkId::new(tensor.array_id.clone(), tensor.version, cell)
                 .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
             Ok(FlightEndpoint::new()
-                .with_ticket(Ticket::new(tessera_proto::ticket::chunk_ticket(&id.encode())))
+                .with_ticket(Ticket::new(tessera_proto::ticket::chunk_ticket(
+                    &id.encode(),
+                )))
                 .with_app_metadata(bounds.encode_to_vec()))
         })
         .collect()

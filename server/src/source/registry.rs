@@ -230,10 +230,10 @@ fn collect(path: &Path, out: &mut Vec<Candidate>) -> std::io::Result<()> {
             .iter()
             .map(|c| c.to_string_lossy().into_owned())
             .collect();
-        if let Some(last) = parts.last_mut() {
-            if let Some(stripped) = last.strip_suffix(".npy") {
-                *last = stripped.to_string();
-            }
+        if let Some(last) = parts.last_mut()
+            && let Some(stripped) = last.strip_suffix(".npy")
+        {
+            *last = stripped.to_string();
         }
         out.push(Candidate {
             id: sanitize(&parts.join(".")),
@@ -253,8 +253,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
             if let Err(err) = walk(&path, out) {
                 tracing::warn!(path = %path.display(), %err, "directory skipped");
             }
-        } else if path.extension().is_some_and(|e| e == "npy")
-            && (kind.is_file() || path.is_file())
+        } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file())
         {
             out.push(path);
         }
