@@ -34,9 +34,19 @@ async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving() 
         ChunkId::new(array_id, version, Region { start, stop }).unwrap()
     };
     let (start, stop) = (id.region().start.clone(), id.region().stop.clone());
-    let shifted = forge("a", id.version(), vec![start[0] + 1, start[1]], vec![stop[0] + 1, stop[1]]);
+    let shifted = forge(
+        "a",
+        id.version(),
+        vec![start[0] + 1, start[1]],
+        vec![stop[0] + 1, stop[1]],
+    );
     let outside = forge("a", id.version(), vec![60, 0], vec![80, 64]);
-    let absurd = forge("a", id.version(), vec![0, 0], vec![u64::MAX / 2, u64::MAX / 2]);
+    let absurd = forge(
+        "a",
+        id.version(),
+        vec![0, 0],
+        vec![u64::MAX / 2, u64::MAX / 2],
+    );
     let other = forge("b", id.version(), start.clone(), stop.clone());
     let unknown = forge("nope", id.version(), start.clone(), stop.clone());
     let mut older = id.version();
