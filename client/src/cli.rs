@@ -1,0 +1,325 @@
+//! The bodies of the `tessera get`, `tessera ls` and `tessera stats`
+//! subcommands, for the binary to call.
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
+use std::path::{Path, PathBuf};
+
+use tessera_proto::json::CacheStats;
+
+use crate::client::{Client, TensorInfo};
+use crate::error::ClientError;
+use crate::npy::write_npy;
+use crate::options::ClientOptions;
+use crate::region::parse_region;
+
+/// What `tessera get` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetSummary {
+    /// The `.npy` written.
+    pub path: PathBuf,
+    /// The tensor read.
+    pub array_id: String,
+    /// Shape of the array written.
+    pub shape: Vec<u64>,
+    /// Its numpy dtype string.
+    pub dtype: String,
+    /// Payload bytes written (after the header).
+    pub bytes: u64,
+    /// Chunks fetched.
+    pub chunks: usize,
+    /// Chunks read as zero-copy views of mapped segments.
+    pub mapped_chunks: u64,
+    /// Chunks read through a mapping and copied out (pin limit).
+    pub mapped_copies: u64,
+    /// Chunks received over the socket (DoGet).
+    pub socket_chunks: u64,
+}
+
+impl std::fmt::Display for GetSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "wrote {}: '{}' {} {}, {} in {} chunks ({} mapped, {} copied from mappings, {} over the socket)",
+            self.path.display(),
+            self.array_id,
+            shape_text(&self.shape),
+            self.dtype,
+            human_bytes(self.bytes),
+            self.chunks,
+            self.mapped_chunks,
+            self.mapped_copies,
+            self.socket_chunks
+        )
+    }
+}
+
+fn options(no_mmap: bool, token: Option<&str>) -> ClientOptions {
+    let mut options = ClientOptions::default();
+    if no_mmap {
+        options = options.with_mmap(false);
+    }
+    if let Some(token) = token {
+        options = options.with_token(token);
+    }
+    options
+}
+
+/// `tessera get LOCATION ARRAY_ID [--region R] -o OUT [--no-mmap] [--token T]`:
+/// reads the tensor (or the numpy-like `region` of it, see
+/// [`parse_region`]) and writes a version 1.0 C-order `.npy` with the dtype
+/// as served. Shows a percentage on stderr when stderr is a terminal.
+pub async fn cli_get(
+    location: &str,
+    array_id: &str,
+    region: Option<&str>,
+    out: &Path,
+    no_mmap: bool,
+    token: Option<&str>,
+) -> Result<GetSummary, ClientError> {
+    let client = Client::connect(location, options(no_mmap, token)).await?;
+    let region = match region {
+        Some(text) => {
+            let info = client.describe(array_id).await?;
+            Some(parse_region(text, &info.shape)?)
+        }
+        None => None,
+    };
+    let plan = client.plan(array_id, region.as_ref()).await?;
+    let chunks = plan.needed_chunks().count();
+    let data = if std::io::stderr().is_terminal() {
+        let mut last = None;
+        let mut report = |done: usize, total: usize| {
+            let percent = done * 100 / total.max(1);
+            if last != Some(percent) {
+                last = Some(percent);
+                eprint!("\r{array_id}: {percent:3}% ({done}/{total} chunks)");
+                let _ = std::io::stderr().flush();
+            }
+        };
+        let data = client.read_plan(&plan, Some(&mut report)).await;
+        eprintln!();
+        data?
+    } else {
+        client.read_plan(&plan, None).await?
+    };
+    write_npy(out, &data.dtype, &data.shape, &data.bytes)?;
+    let stats = client.local_stats();
+    Ok(GetSummary {
+        path: out.to_path_buf(),
+        array_id: array_id.to_string(),
+        shape: data.shape,
+        dtype: data.dtype,
+        bytes: data.bytes.len() as u64,
+        chunks,
+        mapped_chunks: stats.mapped_chunks,
+        mapped_copies: stats.mapped_copies,
+        socket_chunks: stats.socket_chunks,
+    })
+}
+
+/// `tessera ls LOCATION [--token T]`: one line per tensor (array id, shape,
+/// dtype, chunk shape, labels) under a header line.
+pub async fn cli_ls(location: &str, token: Option<&str>) -> Result<String, ClientError> {
+    let client = Client::connect(location, options(false, token)).await?;
+    Ok(format_listing(location, &client.list().await?))
+}
+
+fn format_listing(location: &str, tensors: &[TensorInfo]) -> String {
+    if tensors.is_empty() {
+        return format!("no tensors served at {location}\n");
+    }
+    let rows: Vec<[String; 5]> = tensors
+        .iter()
+        .map(|t| {
+            [
+                t.array_id.clone(),
+                shape_text(&t.shape),
+                t.dtype.clone(),
+                shape_text(&t.chunk_shape),
+                t.dim_labels.join(","),
+            ]
+        })
+        .collect();
+    let header = ["ARRAY_ID", "SHAPE", "DTYPE", "CHUNK", "LABELS"].map(str::to_string);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
+
+/// `tessera stats LOCATION [--token T]`: the server's `cache_stats`, readably.
+pub async fn cli_stats(location: &str, token: Option<&str>) -> Result<String, ClientError> {
+    let client = Client::connect(location, options(false, token)).await?;
+    Ok(format_stats(location, &client.cache_stats().await?))
+}
+
+fn format_stats(location: &str, s: &CacheStats) -> String {
+    let backend = match s.backend {
+        tessera_proto::json::CacheBackend::File => "file (local clients can mmap chunks)",
+        tessera_proto::json::CacheBackend::Memory => "memory (every chunk goes over the socket)",
+    };
+    let lookups = s.hits + s.misses;
+    let hit_rate = if lookups == 0 {
+        "n/a".to_string()
+    } else {
+        format!("{:.1}%", s.hits as f64 * 100.0 / lookups as f64)
+    };
+    let lines = [
+        format!("chunk cache of {location}"),
+        format!("  backend:            {backend}"),
+        format!(
+            "  entries:            {} of {} max",
+            s.total_entries, s.max_entries
+        ),
+        format!(
+            "  size:               {} of {} max",
+            human_bytes(s.total_bytes),
+            human_bytes(s.max_bytes)
+        ),
+        format!(
+            "  hits / misses:      {} / {} ({hit_rate} hits)",
+            s.hits, s.misses
+        ),
+        format!(
+            "  evictions:          {} ({} skipped while referenced)",
+            s.evictions, s.ref_held_evictions_skipped
+        ),
+        format!("  waits on a fill:    {}", s.pending_waits),
+        format!("  oversized skips:    {}", s.oversized_skips),
+        format!(
+            "  segments:           {} ({} unlinked, maybe still mapped)",
+            s.segments,
+            human_bytes(s.unlinked_bytes)
+        ),
+        format!("  served by mmap:     {} chunk_locate", s.locates),
+        format!("  served by socket:   {} do_get", s.do_gets),
+    ];
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+/// `(a, b, c)` like numpy, `(n,)` for one axis.
+fn shape_text(shape: &[u64]) -> String {
+    match shape {
+        [one] => format!("({one},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// `1.5 MiB`-style sizes.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn listing_is_aligned() {
+        let tensors = vec![
+            TensorInfo {
+                array_id: "img".into(),
+                shape: vec![64, 64],
+                dtype: "|u1".into(),
+                dim_labels: vec!["y".into(), "x".into()],
+                chunk_shape: vec![16, 16],
+            },
+            TensorInfo {
+                array_id: "volume_long_name".into(),
+                shape: vec![5],
+                dtype: "<f8".into(),
+                dim_labels: vec![],
+                chunk_shape: vec![5],
+            },
+        ];
+        let text = format_listing("grpc://h:1", &tensors);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("ARRAY_ID          SHAPE"), "{text}");
+        assert!(
+            lines[1].starts_with("img               (64, 64)  |u1"),
+            "{text}"
+        );
+        assert!(lines[2].contains("(5,)"), "{text}");
+        assert_eq!(
+            format_listing("grpc://h:1", &[]),
+            "no tensors served at grpc://h:1\n"
+        );
+    }
+
+    #[test]
+    fn stats_name_every_counter() {
+        let stats = CacheStats {
+            total_entries: 12,
+            total_bytes: 3 << 20,
+            max_entries: 1000,
+            max_bytes: 10 << 30,
+            hits: 3,
+            misses: 1,
+            evictions: 2,
+            pending_waits: 0,
+            ref_held_evictions_skipped: 1,
+            oversized_skips: 0,
+            unlinked_bytes: 0,
+            segments: 4,
+            locates: 9,
+            do_gets: 5,
+            backend: tessera_proto::json::CacheBackend::File,
+        };
+        let text = format_stats("grpc://h:1", &stats);
+        for needle in [
+            "chunk cache of grpc://h:1",
+            "backend:            file",
+            "entries:            12 of 1000 max",
+            "size:               3.0 MiB of 10.0 GiB max",
+            "hits / misses:      3 / 1 (75.0% hits)",
+            "evictions:          2 (1 skipped while referenced)",
+            "segments:           4 (0 B unlinked",
+            "served by mmap:     9 chunk_locate",
+            "served by socket:   5 do_get",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in\n{text}");
+        }
+    }
+
+    #[test]
+    fn sizes_read_like_humans_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(10 << 30), "10.0 GiB");
+    }
+}

@@ -1,0 +1,637 @@
+//! The client: connection, plans, chunk fetches (mmap fast path or DoGet),
+//! and assembled reads.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_descriptor::DescriptorType;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo, Ticket};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use prost::Message;
+use prost_types::FieldMask;
+use tessera_proto::consts::{
+    ACTION_CACHE_STATS, ACTION_CHUNK_LOCATE, ACTION_HEALTH, AUTHORIZATION_HEADER, BEARER_PREFIX,
+    MASK_ENDPOINTS, UNKNOWN_ACTION_PREFIX,
+};
+use tessera_proto::json::{ActionBody, CacheStats, ChunkLocateReply, ChunkLocation};
+use tessera_proto::pb::{SliceHint, TensorDescriptor, TensorReadOption};
+use tessera_proto::ticket::flight_request;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::assemble::scatter;
+use crate::cache::ChunkCache;
+use crate::chunk::{ChunkOrigin, ChunkView, view_from_batch};
+use crate::error::ClientError;
+use crate::health::ServerHealth;
+use crate::ipc::batch_at;
+use crate::location::Location;
+use crate::options::ClientOptions;
+use crate::pins::{InodeKey, PinLedger};
+use crate::plan::{Plan, PlannedChunk, plan_from_info, reply_descriptor};
+use crate::region::Region;
+
+/// gRPC decode limit: above the 64 MiB chunk cap, like biopb's 80 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 80 << 20;
+/// HTTP/2 max frame size the client advertises (measured fastest).
+pub const H2_MAX_FRAME_BYTES: u32 = 1 << 20;
+/// HTTP/2 initial stream window.
+pub const H2_STREAM_WINDOW_BYTES: u32 = 16 << 20;
+/// HTTP/2 initial connection window.
+pub const H2_CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+
+/// An assembled read: C-order bytes of the requested region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArrayData {
+    /// Shape of the region read.
+    pub shape: Vec<u64>,
+    /// The numpy dtype string, as served.
+    pub dtype: String,
+    /// C-order bytes, in the byte order `dtype` says.
+    pub bytes: Vec<u8>,
+}
+
+/// What the server says about one tensor (GetFlightInfo without endpoints).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The tensor's array id.
+    pub array_id: String,
+    /// Its full shape.
+    pub shape: Vec<u64>,
+    /// Its numpy dtype string.
+    pub dtype: String,
+    /// Axis labels, possibly empty.
+    pub dim_labels: Vec<String>,
+    /// The server's chunk grid.
+    pub chunk_shape: Vec<u64>,
+}
+
+/// This client's own counters and cache sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalStats {
+    /// Whether the mmap fast path applies (enabled and the location is loopback).
+    pub fast_path: bool,
+    /// Whether the server still counts as knowing `chunk_locate`.
+    pub locate_supported: bool,
+    /// `chunk_locate` calls made.
+    pub locate_probes: u64,
+    /// Chunks handed out as zero-copy views of a mapped segment.
+    pub mapped_chunks: u64,
+    /// Chunks read through a mapping but copied out (pin limit reached).
+    pub mapped_copies: u64,
+    /// Chunks received with DoGet.
+    pub socket_chunks: u64,
+    /// Chunk requests answered from this client's cache.
+    pub cache_hits: u64,
+    /// Views alive in the weak tier.
+    pub live_views: usize,
+    /// Copies held by the strong tier.
+    pub cached_copies: usize,
+    /// Bytes held by the strong tier.
+    pub cached_copy_bytes: u64,
+    /// Summed on-disk size of the distinct segments mapped now.
+    pub pinned_bytes: u64,
+    /// Distinct segments mapped now.
+    pub pinned_segments: usize,
+}
+
+#[derive(Default)]
+struct Counters {
+    locate_probes: AtomicU64,
+    mapped: AtomicU64,
+    mapped_copies: AtomicU64,
+    socket: AtomicU64,
+    cache_hits: AtomicU64,
+}
+
+struct Inner {
+    location: Location,
+    flight: FlightServiceClient<Channel>,
+    auth: Option<MetadataValue<Ascii>>,
+    options: ClientOptions,
+    fast_path: bool,
+    locate_supported: AtomicBool,
+    ledger: Arc<PinLedger>,
+    cache: ChunkCache,
+    counters: Counters,
+}
+
+/// A connection to a Tessera (or biopb tensor Flight) server. Cheap to clone;
+/// clones share the connection, caches and mapped segments.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn describe_mask() -> FieldMask {
+    FieldMask { paths: Vec::new() }
+}
+
+impl Client {
+    /// Connects to `location` (`grpc://host:port`, `grpc+tcp://`, `http://`;
+    /// `grpc+tls://` is refused: no TLS stack is built in), then checks the
+    /// server's `health` protocol (2 or 3).
+    pub async fn connect(location: &str, options: ClientOptions) -> Result<Client, ClientError> {
+        let parsed = Location::parse(location)?;
+        let auth = options
+            .token
+            .as_deref()
+            .map(|token| {
+                MetadataValue::try_from(format!("{BEARER_PREFIX}{token}")).map_err(|e| {
+                    ClientError::InvalidToken {
+                        reason: e.to_string(),
+                    }
+                })
+            })
+            .transpose()?;
+        let endpoint = Endpoint::from_shared(parsed.uri.clone())
+            .map_err(|e| ClientError::InvalidLocation {
+                location: location.to_string(),
+                reason: e.to_string(),
+            })?
+            .max_frame_size(H2_MAX_FRAME_BYTES)
+            .initial_stream_window_size(H2_STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW_BYTES)
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(10));
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| ClientError::Connect {
+                location: location.to_string(),
+                source,
+            })?;
+        let flight = FlightServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let fast_path = options.mmap && parsed.is_loopback();
+        let client = Client {
+            inner: Arc::new(Inner {
+                location: parsed,
+                flight,
+                auth,
+                fast_path,
+                locate_supported: AtomicBool::new(true),
+                ledger: PinLedger::new(options.pin_limit),
+                cache: ChunkCache::new(options.copy_cache_bytes),
+                counters: Counters::default(),
+                options,
+            }),
+        };
+        client.health().await?.check_protocol(location)?;
+        Ok(client)
+    }
+
+    /// The location as given to [`Client::connect`].
+    pub fn location(&self) -> &str {
+        &self.inner.location.original
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(auth) = &self.inner.auth {
+            request
+                .metadata_mut()
+                .insert(AUTHORIZATION_HEADER, auth.clone());
+        }
+        request
+    }
+
+    fn flight(&self) -> FlightServiceClient<Channel> {
+        self.inner.flight.clone()
+    }
+
+    /// Runs an action and returns its first result body (`None`: empty stream).
+    async fn action(&self, kind: &str, body: Vec<u8>) -> Result<Option<Bytes>, tonic::Status> {
+        let action = Action {
+            r#type: kind.to_string(),
+            body: body.into(),
+        };
+        let mut results = self
+            .flight()
+            .do_action(self.request(action))
+            .await?
+            .into_inner();
+        Ok(results.message().await?.map(|r| r.body))
+    }
+
+    /// Calls the `health` action.
+    pub async fn health(&self) -> Result<ServerHealth, ClientError> {
+        let body = self
+            .action(ACTION_HEALTH, Vec::new())
+            .await
+            .map_err(|s| ClientError::rpc(format!("health check of '{}'", self.location()), s))?;
+        Ok(ServerHealth::from_body(body.as_deref()))
+    }
+
+    /// Calls the `cache_stats` action: the server's chunk cache counters.
+    pub async fn cache_stats(&self) -> Result<CacheStats, ClientError> {
+        let body = self
+            .action(ACTION_CACHE_STATS, Vec::new())
+            .await
+            .map_err(|s| ClientError::rpc("DoAction cache_stats", s))?
+            .ok_or_else(|| ClientError::ActionReply {
+                action: ACTION_CACHE_STATS.to_string(),
+                reason: "the reply stream was empty".to_string(),
+            })?;
+        CacheStats::from_body(&body).map_err(|e| ClientError::ActionReply {
+            action: ACTION_CACHE_STATS.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    async fn flight_info(
+        &self,
+        array_id: &str,
+        region: Option<&Region>,
+        mask: FieldMask,
+    ) -> Result<FlightInfo, ClientError> {
+        let read = TensorReadOption {
+            array_id: array_id.to_string(),
+            slice_hint: region.map(|r| SliceHint {
+                start: r.start.iter().map(|&v| v as i64).collect(),
+                stop: r.stop.iter().map(|&v| v as i64).collect(),
+            }),
+            fields: Some(mask),
+            ..Default::default()
+        };
+        let descriptor = FlightDescriptor::new_cmd(flight_request(read));
+        Ok(self
+            .flight()
+            .get_flight_info(self.request(descriptor))
+            .await
+            .map_err(|s| ClientError::rpc(format!("GetFlightInfo of '{array_id}'"), s))?
+            .into_inner())
+    }
+
+    /// Describes one tensor (GetFlightInfo with an empty field mask).
+    pub async fn describe(&self, array_id: &str) -> Result<TensorInfo, ClientError> {
+        let info = self.flight_info(array_id, None, describe_mask()).await?;
+        let descriptor = reply_descriptor(&info, array_id)?;
+        tensor_info(descriptor, array_id)
+    }
+
+    /// Lists the served tensors: the names from ListFlights (PATH
+    /// descriptors, or CMD descriptors holding a `TensorDescriptor`), each
+    /// then described with GetFlightInfo. Sorted by array id.
+    pub async fn list(&self) -> Result<Vec<TensorInfo>, ClientError> {
+        let infos: Vec<FlightInfo> = self
+            .flight()
+            .list_flights(self.request(Criteria::default()))
+            .await
+            .map_err(|s| ClientError::rpc("ListFlights", s))?
+            .into_inner()
+            .try_collect()
+            .await
+            .map_err(|s| ClientError::rpc("ListFlights", s))?;
+        let mut names = Vec::with_capacity(infos.len());
+        for info in &infos {
+            let Some(descriptor) = &info.flight_descriptor else {
+                continue;
+            };
+            match descriptor.r#type() {
+                DescriptorType::Path => names.push(descriptor.path.join("/")),
+                DescriptorType::Cmd => {
+                    if let Ok(d) = TensorDescriptor::decode(descriptor.cmd.clone()) {
+                        names.push(d.array_id);
+                    }
+                }
+                DescriptorType::Unknown => {}
+            }
+        }
+        names.sort();
+        names.dedup();
+        futures::stream::iter(names.iter().map(|name| self.describe(name)))
+            .buffered(self.inner.options.concurrency)
+            .try_collect()
+            .await
+    }
+
+    /// Plans a read of `array_id` (the whole tensor, or `region` of it) with
+    /// GetFlightInfo and the `endpoints` mask; checks the wire protocol stamp
+    /// and that the endpoints tile the realized region.
+    pub async fn plan(&self, array_id: &str, region: Option<&Region>) -> Result<Plan, ClientError> {
+        let mask = FieldMask {
+            paths: vec![MASK_ENDPOINTS.to_string()],
+        };
+        let info = self.flight_info(array_id, region, mask).await?;
+        plan_from_info(&info, array_id, region)
+    }
+
+    /// Reads `array_id` (or `region` of it) into one C-order buffer.
+    pub async fn read(
+        &self,
+        array_id: &str,
+        region: Option<&Region>,
+    ) -> Result<ArrayData, ClientError> {
+        let plan = self.plan(array_id, region).await?;
+        self.read_plan(&plan, None).await
+    }
+
+    /// Fetches the chunks of `plan` that overlap its crop, up to
+    /// `concurrency` at once, scattering each into the output as it arrives.
+    /// `progress`, when given, is called with (chunks done, chunks total).
+    pub async fn read_plan(
+        &self,
+        plan: &Plan,
+        mut progress: Option<&mut (dyn FnMut(usize, usize) + Send)>,
+    ) -> Result<ArrayData, ClientError> {
+        let elements = plan.crop.volume();
+        let size = elements
+            .checked_mul(plan.itemsize as u128)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or(ClientError::TooLarge {
+                elements,
+                itemsize: plan.itemsize,
+            })?;
+        let mut bytes = vec![0u8; size];
+        let needed: Vec<&PlannedChunk> = plan.needed_chunks().collect();
+        let total = needed.len();
+        let mut fetches = futures::stream::iter(needed.into_iter().map(|chunk| async move {
+            self.fetch_chunk(plan, chunk)
+                .await
+                .map(|view| (chunk, view))
+        }))
+        .buffer_unordered(self.inner.options.concurrency);
+        let mut done = 0;
+        while let Some(result) = fetches.next().await {
+            let (chunk, view) = result?;
+            scatter(
+                &mut bytes,
+                &plan.crop,
+                &chunk.bounds,
+                view.bytes(),
+                plan.itemsize,
+            );
+            done += 1;
+            if let Some(report) = progress.as_mut() {
+                report(done, total);
+            }
+        }
+        Ok(ArrayData {
+            shape: plan.output_shape(),
+            dtype: plan.dtype.clone(),
+            bytes,
+        })
+    }
+
+    /// Fetches every chunk of `plan` that overlaps its crop and hands them
+    /// out as views, in plan order (mapped views are zero-copy).
+    pub async fn fetch_views(
+        &self,
+        plan: &Plan,
+    ) -> Result<Vec<(PlannedChunk, Arc<ChunkView>)>, ClientError> {
+        futures::stream::iter(plan.needed_chunks().map(|chunk| async move {
+            self.fetch_chunk(plan, chunk)
+                .await
+                .map(|view| (chunk.clone(), view))
+        }))
+        .buffered(self.inner.options.concurrency)
+        .try_collect()
+        .await
+    }
+
+    /// One chunk of `plan`: from this client's cache, else through the mmap
+    /// fast path when it applies, else with DoGet. The view is checked
+    /// against the plan (shape, dtype, byte count).
+    pub async fn fetch_chunk(
+        &self,
+        plan: &Plan,
+        chunk: &PlannedChunk,
+    ) -> Result<Arc<ChunkView>, ClientError> {
+        if let Some(view) = self.inner.cache.get(&chunk.ticket) {
+            bump(&self.inner.counters.cache_hits);
+            check_chunk(plan, chunk, &view)?;
+            return Ok(view);
+        }
+        let view = match self.try_mapped(chunk).await {
+            Some(view) => view,
+            None => self.do_get(chunk).await?,
+        };
+        let len = check_chunk(plan, chunk, &view)?;
+        let view = Arc::new(view.truncated(len));
+        match view.origin() {
+            ChunkOrigin::Mapped => bump(&self.inner.counters.mapped),
+            ChunkOrigin::MappedCopy => bump(&self.inner.counters.mapped_copies),
+            ChunkOrigin::Socket => bump(&self.inner.counters.socket),
+        }
+        self.inner.cache.insert(&chunk.ticket, &view);
+        Ok(view)
+    }
+
+    /// The fast path; `None` means "use DoGet for this chunk".
+    async fn try_mapped(&self, chunk: &PlannedChunk) -> Option<ChunkView> {
+        if !self.inner.fast_path || !self.inner.locate_supported.load(Ordering::Acquire) {
+            return None;
+        }
+        bump(&self.inner.counters.locate_probes);
+        let body = match self.action(ACTION_CHUNK_LOCATE, chunk.ticket.clone()).await {
+            Ok(Some(body)) => body,
+            Ok(None) => {
+                tracing::debug!(chunk = %chunk.bounds, "chunk_locate returned no result; using DoGet");
+                return None;
+            }
+            Err(status) => {
+                if status.message().contains(UNKNOWN_ACTION_PREFIX) {
+                    tracing::info!(
+                        location = self.location(),
+                        "server does not know chunk_locate; using DoGet from now on"
+                    );
+                    self.inner.locate_supported.store(false, Ordering::Release);
+                } else {
+                    tracing::debug!(chunk = %chunk.bounds, error = %status, "chunk_locate failed; using DoGet");
+                }
+                return None;
+            }
+        };
+        let location = match ChunkLocateReply::from_body(&body) {
+            Ok(ChunkLocateReply::Located(location)) => location,
+            Ok(ChunkLocateReply::Unavailable { reason }) => {
+                tracing::debug!(chunk = %chunk.bounds, ?reason, "chunk not locatable; using DoGet");
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(chunk = %chunk.bounds, error = %e, "chunk_locate reply unusable; using DoGet");
+                return None;
+            }
+        };
+        match self.map_chunk(&location) {
+            Ok(view) => Some(view),
+            Err(reason) => {
+                tracing::debug!(chunk = %chunk.bounds, segment = %location.segment_path, %reason, "mapping failed; using DoGet");
+                None
+            }
+        }
+    }
+
+    /// Maps the located segment (after checking its inode) and reads the
+    /// chunk in place; over the pin limit, copies it out instead.
+    fn map_chunk(&self, location: &ChunkLocation) -> Result<ChunkView, String> {
+        let file = File::open(&location.segment_path).map_err(|e| format!("open: {e}"))?;
+        let meta = file.metadata().map_err(|e| format!("stat: {e}"))?;
+        if meta.ino() != location.generation_id {
+            return Err(format!(
+                "inode {} differs from generation_id {} (segment recreated)",
+                meta.ino(),
+                location.generation_id
+            ));
+        }
+        let key = InodeKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let needed = location
+            .byte_offset
+            .saturating_add(location.byte_length.max(8));
+        let segment = self
+            .inner
+            .ledger
+            .acquire(&file, key, meta.size(), needed)
+            .map_err(|e| format!("mmap: {e}"))?;
+        let batch = batch_at(&segment, location.byte_offset)?;
+        let view = view_from_batch(&batch, ChunkOrigin::Mapped)?;
+        // Arrow copies a buffer it finds misaligned; only a view that really
+        // points into the mapping is handed out as `Mapped`.
+        let in_place = segment
+            .bytes()
+            .as_ptr_range()
+            .contains(&view.bytes().as_ptr());
+        if segment.is_pinned() && in_place {
+            Ok(view)
+        } else {
+            Ok(view.copied(ChunkOrigin::MappedCopy))
+        }
+    }
+
+    async fn do_get(&self, chunk: &PlannedChunk) -> Result<ChunkView, ClientError> {
+        let call = || format!("DoGet of chunk {}", chunk.bounds);
+        let ticket = Ticket {
+            ticket: chunk.ticket.clone().into(),
+        };
+        let stream = self
+            .flight()
+            .do_get(self.request(ticket))
+            .await
+            .map_err(|s| ClientError::rpc(call(), s))?
+            .into_inner()
+            .map_err(FlightError::from);
+        let mut batches = FlightRecordBatchStream::new_from_flight_data(stream);
+        let batch = match batches.try_next().await {
+            Ok(Some(batch)) => batch,
+            Ok(None) => {
+                return Err(ClientError::BadChunk {
+                    chunk: chunk.bounds.to_string(),
+                    reason: "the DoGet stream held no record batch".to_string(),
+                });
+            }
+            Err(FlightError::Tonic(status)) => return Err(ClientError::rpc(call(), *status)),
+            Err(other) => {
+                return Err(ClientError::BadChunk {
+                    chunk: chunk.bounds.to_string(),
+                    reason: format!("the DoGet stream does not decode: {other}"),
+                });
+            }
+        };
+        view_from_batch(&batch, ChunkOrigin::Socket).map_err(|reason| ClientError::BadChunk {
+            chunk: chunk.bounds.to_string(),
+            reason,
+        })
+    }
+
+    /// This client's counters, cache sizes and pinned segments.
+    pub fn local_stats(&self) -> LocalStats {
+        let counters = &self.inner.counters;
+        let (live_views, cached_copies, cached_copy_bytes) = self.inner.cache.counts();
+        LocalStats {
+            fast_path: self.inner.fast_path,
+            locate_supported: self.inner.locate_supported.load(Ordering::Acquire),
+            locate_probes: counters.locate_probes.load(Ordering::Relaxed),
+            mapped_chunks: counters.mapped.load(Ordering::Relaxed),
+            mapped_copies: counters.mapped_copies.load(Ordering::Relaxed),
+            socket_chunks: counters.socket.load(Ordering::Relaxed),
+            cache_hits: counters.cache_hits.load(Ordering::Relaxed),
+            live_views,
+            cached_copies,
+            cached_copy_bytes,
+            pinned_bytes: self.inner.ledger.pinned_bytes(),
+            pinned_segments: self.inner.ledger.pinned_segments(),
+        }
+    }
+}
+
+/// Checks a chunk view against its plan; returns the byte count to keep.
+fn check_chunk(plan: &Plan, chunk: &PlannedChunk, view: &ChunkView) -> Result<usize, ClientError> {
+    let bad = |reason: String| ClientError::BadChunk {
+        chunk: chunk.bounds.to_string(),
+        reason,
+    };
+    let expected = chunk.bounds.shape();
+    if view.shape() != expected.as_slice() {
+        return Err(bad(format!(
+            "its shape is {:?}, but its bounds span {expected:?}",
+            view.shape()
+        )));
+    }
+    if view.dtype() != plan.dtype {
+        return Err(bad(format!(
+            "its dtype is '{}', but the plan says '{}'",
+            view.dtype(),
+            plan.dtype
+        )));
+    }
+    let needed = chunk
+        .bounds
+        .volume()
+        .checked_mul(plan.itemsize as u128)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| bad("its byte count overflows".to_string()))?;
+    if view.bytes().len() < needed {
+        return Err(bad(format!(
+            "it holds {} bytes, but {expected:?} of '{}' needs {needed}",
+            view.bytes().len(),
+            plan.dtype
+        )));
+    }
+    Ok(needed)
+}
+
+fn tensor_info(descriptor: TensorDescriptor, array_id: &str) -> Result<TensorInfo, ClientError> {
+    let unsigned = |values: &[i64], what: &str| {
+        values
+            .iter()
+            .map(|&v| {
+                u64::try_from(v).map_err(|_| ClientError::BadPlan {
+                    array_id: array_id.to_string(),
+                    reason: format!("{what} {values:?} has a negative value"),
+                })
+            })
+            .collect::<Result<Vec<u64>, ClientError>>()
+    };
+    Ok(TensorInfo {
+        shape: unsigned(&descriptor.shape, "shape")?,
+        chunk_shape: unsigned(&descriptor.chunk_shape, "chunk_shape")?,
+        array_id: if descriptor.array_id.is_empty() {
+            array_id.to_string()
+        } else {
+            descriptor.array_id
+        },
+        dtype: descriptor.dtype,
+        dim_labels: descriptor.dim_labels,
+    })
+}

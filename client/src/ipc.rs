@@ -1,0 +1,190 @@
+//! Reading one chunk batch in place from a mapped Arrow IPC stream segment:
+//! the schema message at offset 0, then the record batch message at the
+//! offset `chunk_locate` named, with every buffer a slice of the mapping.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::read_record_batch;
+use arrow_schema::SchemaRef;
+
+use crate::pins::{MappedSegment, SegmentOwner};
+
+const CONTINUATION: [u8; 4] = [0xFF; 4];
+
+/// The flatbuffer metadata of the encapsulated message at `offset`, and the
+/// offset of its body. Accepts the legacy framing without the continuation
+/// marker.
+fn message_at(bytes: &[u8], offset: usize) -> Result<(&[u8], usize), String> {
+    let word = |at: usize| -> Result<[u8; 4], String> {
+        bytes
+            .get(at..at + 4)
+            .and_then(|w| w.try_into().ok())
+            .ok_or_else(|| {
+                format!(
+                    "message at offset {offset} runs past the end ({} bytes)",
+                    bytes.len()
+                )
+            })
+    };
+    let (len_at, first) = match word(offset)? {
+        CONTINUATION => (offset + 4, false),
+        _ => (offset, true),
+    };
+    let len = i32::from_le_bytes(if first { word(offset)? } else { word(len_at)? });
+    let len =
+        usize::try_from(len).map_err(|_| format!("message at offset {offset} has length {len}"))?;
+    if len == 0 {
+        return Err(format!(
+            "offset {offset} holds the end-of-stream marker, not a message"
+        ));
+    }
+    let meta_start = len_at + 4;
+    let metadata = bytes.get(meta_start..meta_start + len).ok_or_else(|| {
+        format!("message metadata at offset {offset} ({len} bytes) runs past the end")
+    })?;
+    Ok((metadata, meta_start + len))
+}
+
+/// The stream schema at offset 0 of the segment (parsed once per mapping).
+fn schema_of(segment: &MappedSegment) -> Result<SchemaRef, String> {
+    if let Some(schema) = segment.schema.get() {
+        return Ok(Arc::clone(schema));
+    }
+    let (metadata, _) = message_at(segment.bytes(), 0)?;
+    let message = arrow_ipc::root_as_message(metadata)
+        .map_err(|e| format!("the message at offset 0 is not an IPC message: {e}"))?;
+    let schema = message
+        .header_as_schema()
+        .ok_or_else(|| "the segment does not start with an IPC stream schema".to_string())?;
+    let schema = Arc::new(arrow_ipc::convert::fb_to_schema(schema));
+    Ok(Arc::clone(segment.schema.get_or_init(|| schema)))
+}
+
+/// Decodes the record batch message at `offset` of `segment` without copying
+/// its body: the batch's buffers are slices of the mapping and keep it alive.
+pub(crate) fn batch_at(segment: &Arc<MappedSegment>, offset: u64) -> Result<RecordBatch, String> {
+    let schema = schema_of(segment)?;
+    let bytes = segment.bytes();
+    let offset = usize::try_from(offset).map_err(|_| format!("offset {offset} is too large"))?;
+    if offset == 0 {
+        return Err("offset 0 is the schema, not a chunk".to_string());
+    }
+    let (metadata, body_start) = message_at(bytes, offset)?;
+    let message = arrow_ipc::root_as_message(metadata)
+        .map_err(|e| format!("the message at offset {offset} is not an IPC message: {e}"))?;
+    let batch = message
+        .header_as_record_batch()
+        .ok_or_else(|| format!("the message at offset {offset} is not a record batch"))?;
+    let body_len = usize::try_from(message.bodyLength())
+        .map_err(|_| format!("message at offset {offset} has a negative body length"))?;
+    if body_start
+        .checked_add(body_len)
+        .is_none_or(|end| end > bytes.len())
+    {
+        return Err(format!(
+            "message body at offset {body_start} ({body_len} bytes) runs past the {}-byte mapping",
+            bytes.len()
+        ));
+    }
+    let whole = Buffer::from(bytes::Bytes::from_owner(SegmentOwner(Arc::clone(segment))));
+    let body = whole.slice_with_length(body_start, body_len);
+    read_record_batch(
+        &body,
+        batch,
+        schema,
+        &HashMap::new(),
+        None,
+        &message.version(),
+    )
+    .map_err(|e| format!("the record batch at offset {offset} does not decode: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::chunk::tests::chunk_batch;
+    use crate::chunk::{ChunkOrigin, view_from_batch};
+    use crate::pins::{InodeKey, PinLedger};
+    use arrow_ipc::writer::StreamWriter;
+    use std::io::Seek;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Writes a stream segment of `chunks` and returns the batch offsets.
+    fn write_segment(path: &std::path::Path, chunks: &[Vec<u8>]) -> Vec<u64> {
+        let mut file = std::fs::File::create(path).unwrap();
+        let mut writer = StreamWriter::try_new(&mut file, &tessera_proto::chunk_schema()).unwrap();
+        writer.flush().unwrap();
+        let mut offsets = Vec::new();
+        for data in chunks {
+            offsets.push(writer.get_mut().stream_position().unwrap());
+            writer
+                .write(&chunk_batch(data, &[data.len() as i64], "|u1"))
+                .unwrap();
+            writer.flush().unwrap();
+        }
+        offsets
+    }
+
+    #[test]
+    fn batches_decode_in_place_from_the_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg_0001.arrow");
+        let chunks: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i * 10; 1000 + i as usize]).collect();
+        let offsets = write_segment(&path, &chunks);
+        let file = std::fs::File::open(&path).unwrap();
+        let meta = file.metadata().unwrap();
+        let key = InodeKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let ledger = PinLedger::new(None);
+        let segment = ledger.acquire(&file, key, meta.size(), 0).unwrap();
+        let range = segment.bytes().as_ptr_range();
+        for (data, offset) in chunks.iter().zip(&offsets) {
+            let batch = batch_at(&segment, *offset).unwrap();
+            let view = view_from_batch(&batch, ChunkOrigin::Mapped).unwrap();
+            assert_eq!(view.bytes(), data.as_slice());
+            assert!(
+                range.contains(&view.bytes().as_ptr()),
+                "the view points into the mapping (zero copy)"
+            );
+        }
+        // The views keep the mapping (and its pin) alive after the segment handle goes.
+        let batch = batch_at(&segment, offsets[1]).unwrap();
+        drop(segment);
+        assert_eq!(ledger.pinned_bytes(), meta.size());
+        let view = view_from_batch(&batch, ChunkOrigin::Mapped).unwrap();
+        drop(batch);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(view.bytes(), chunks[1].as_slice());
+        drop(view);
+        assert_eq!(ledger.pinned_bytes(), 0);
+    }
+
+    #[test]
+    fn bad_offsets_are_refused_not_misread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg.arrow");
+        let offsets = write_segment(&path, &[vec![1u8; 64]]);
+        let file = std::fs::File::open(&path).unwrap();
+        let meta = file.metadata().unwrap();
+        let key = InodeKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let segment = PinLedger::new(None)
+            .acquire(&file, key, meta.size(), 0)
+            .unwrap();
+        assert!(batch_at(&segment, 0).unwrap_err().contains("schema"));
+        assert!(batch_at(&segment, offsets[0] + 3).is_err());
+        assert!(
+            batch_at(&segment, meta.size() + 100)
+                .unwrap_err()
+                .contains("past the end")
+        );
+    }
+}

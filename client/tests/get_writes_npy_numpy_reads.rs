@@ -1,0 +1,85 @@
+//! `cli_get` writes a `.npy` that numpy loads equal to the source (whole and
+//! regions, little- and big-endian), through both paths.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Server, npy_fixture};
+use tessera_client::cli_get;
+
+fn python() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(
+        path.is_file(),
+        "the project venv with numpy is missing at {}",
+        path.display()
+    );
+    path
+}
+
+/// Asserts with numpy that `out` equals `source[index]` in dtype, shape and values.
+fn numpy_agrees(source: &Path, out: &Path, index: &str) {
+    let script = format!(
+        "import numpy as np, sys\n\
+         src = np.load(sys.argv[1])[{index}]\n\
+         out = np.load(sys.argv[2])\n\
+         assert out.dtype == src.dtype, (out.dtype, src.dtype)\n\
+         assert out.shape == src.shape, (out.shape, src.shape)\n\
+         assert out.flags.c_contiguous\n\
+         assert out.tobytes() == np.ascontiguousarray(src).tobytes()\n\
+         print('ok')\n"
+    );
+    let output = Command::new(python())
+        .args(["-c", &script])
+        .arg(source)
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == "ok",
+        "numpy disagrees for [{index}]: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_writes_npy_that_numpy_reads_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plane, _) = npy_fixture(dir.path(), "plane", "<u2", &[300, 400], 41);
+    let (volume, _) = npy_fixture(dir.path(), "volume", ">i4", &[12, 50, 60], 42);
+    let (line, _) = npy_fixture(dir.path(), "line", "<c8", &[5000], 43);
+    let server = Server::start(
+        &[plane.clone(), volume.clone(), line.clone()],
+        &["--chunk-target", "64KiB"],
+    );
+
+    // (array id, source, region for tessera get, the same index in numpy)
+    let cases: [(&str, &Path, Option<&str>, &str); 7] = [
+        ("plane", &plane, None, ":"),
+        ("plane", &plane, Some("10:290,:-7"), "10:290, :-7"),
+        ("plane", &plane, Some("5"), "5:6"),
+        ("volume", &volume, None, ":"),
+        ("volume", &volume, Some("3:9,:,40:"), "3:9, :, 40:"),
+        ("line", &line, Some("-100:"), "-100:"),
+        ("line", &line, None, ":"),
+    ];
+    for no_mmap in [false, true] {
+        for (i, (id, source, region, index)) in cases.iter().enumerate() {
+            let out = dir.path().join(format!("out_{i}_{no_mmap}.npy"));
+            let summary = cli_get(&server.url, id, *region, &out, no_mmap, None)
+                .await
+                .unwrap();
+            assert_eq!(summary.path, out);
+            assert!(summary.chunks >= 1);
+            if no_mmap {
+                assert_eq!(summary.mapped_chunks + summary.mapped_copies, 0);
+            } else {
+                assert_eq!(summary.socket_chunks, 0);
+            }
+            numpy_agrees(source, &out, index);
+        }
+    }
+}
