@@ -28,6 +28,7 @@ pub(crate) struct Maintenance {
 impl Maintenance {
     /// Hands a rotated segment over for sealing.
     pub(crate) fn queue_seal(&self, active: Active) {
+        active.seg.retired.store(true, Ordering::Release);
         self.state.lock().seal_queue.push(active);
         self.cv.notify_one();
     }
@@ -77,6 +78,7 @@ impl Inner {
     /// Seals (or, when it holds no entry, removes) a segment that no shard writes any more.
     pub(crate) fn seal_now(&self, active: Active) {
         let seg = Arc::clone(&active.seg);
+        seg.retired.store(true, Ordering::Release);
         let before = seg.disk_bytes.load(Ordering::Relaxed);
         if active.entries.is_empty() {
             drop(active);
@@ -97,17 +99,22 @@ impl Inner {
     }
 
     /// Evicts least recently used sealed segments until within budget; returns how many.
+    ///
+    /// The victim is the least recently used *retired* segment. When that one is still
+    /// waiting in the seal queue the pass stops: the pass after its seal goes on. Skipping
+    /// to a sealed but newer segment would evict recent data ahead of old data just because
+    /// the old data's seal was slower (seen under load: the newest entry evicted first).
     pub(crate) fn evict_to_budget(&self) -> u64 {
         let mut evicted = 0;
         while self.total_bytes.load(Ordering::Relaxed) > self.max_bytes {
-            let victim = self
+            let oldest = self
                 .segments
                 .lock()
                 .values()
-                .filter(|s| s.sealed.load(Ordering::Acquire))
+                .filter(|s| s.retired.load(Ordering::Acquire) || s.sealed.load(Ordering::Acquire))
                 .min_by_key(|s| (s.last_use.load(Ordering::Relaxed), s.id))
                 .cloned();
-            let Some(victim) = victim else {
+            let Some(victim) = oldest.filter(|s| s.sealed.load(Ordering::Acquire)) else {
                 self.counters
                     .evictions_blocked
                     .fetch_add(1, Ordering::Relaxed);

@@ -29,6 +29,8 @@ pub(crate) struct Segment {
     pub inode: u64,
     /// Logical time of the last append, locate or read.
     pub last_use: AtomicU64,
+    /// Retired: no shard writes it any more; it is sealed or waiting to be.
+    pub retired: AtomicBool,
     /// Sealed: read-only, evictable.
     pub sealed: AtomicBool,
     /// Bytes on disk: the segment file plus its sidecar.
@@ -53,6 +55,7 @@ impl Segment {
             path,
             inode,
             last_use: AtomicU64::new(last_use),
+            retired: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
             disk_bytes: AtomicU64::new(0),
             readable_end: AtomicU64::new(readable_end),
