@@ -1,20 +1,27 @@
 //! The append path: deduplication of concurrent appends, shard choice, rotation, the one
 //! vectored write per entry, and sealing on write failure.
+//!
+//! Two ways in: [`Inner::append`] writes data held in memory with one vectored write, and
+//! [`Inner::append_from_file`] copies it from a byte range of another file inside the kernel
+//! ([`crate::copy`]). Both share the claim, the rotation, the failure rule and the commit.
 
 use std::io::IoSlice;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use parking_lot::MutexGuard;
 
+use crate::copy::{self, CopyFailure};
 use crate::error::StoreError;
 use crate::index::IndexEntry;
 use crate::ipc::{EncodeError, EntryBody};
 use crate::layout::{self, DurableError};
+use crate::map;
 use crate::segment::{self, Active};
 use crate::sidecar::SidecarEntry;
 use crate::store::{Inner, location};
-use crate::types::{EntryMeta, Location};
+use crate::types::{EntryMeta, FileRange, Location};
 
 /// Most padding [`EntryBody::message`] may add for alignment.
 const MAX_ALIGN_PAD: u64 = 64;
@@ -39,6 +46,21 @@ enum Claim<'a> {
     Mine(InFlight<'a>),
 }
 
+/// What an append found before writing anything.
+enum Start<'a> {
+    /// The key is already stored here.
+    Stored(Location),
+    /// This caller writes the entry: its claim, body layout and an upper bound of its length.
+    Write(InFlight<'a>, EntryBody, u64),
+}
+
+/// The entry being written: its offset, encapsulated message header and total length.
+struct Placed {
+    offset: u64,
+    message: Vec<u8>,
+    total: u64,
+}
+
 fn encode_err(e: EncodeError) -> StoreError {
     match e {
         EncodeError::TooLong { len, .. } => StoreError::EntryTooLarge {
@@ -56,12 +78,133 @@ impl Inner {
         meta: &EntryMeta,
         data: &[&[u8]],
     ) -> Result<Location, StoreError> {
+        let data_len: u64 = data.iter().map(|d| d.len() as u64).sum();
+        let (_claim, body, bound) = match self.start(key, meta, data_len)? {
+            Start::Stored(loc) => return Ok(loc),
+            Start::Write(claim, body, bound) => (claim, body, bound),
+        };
+        let crc = body.crc32c(data);
+        let mut shard = self.lock_shard();
+        let (active, placed) = self.place(&mut shard, &body, bound, Some(crc))?;
+        let mut slices = Vec::with_capacity(data.len() + 3);
+        slices.push(IoSlice::new(&placed.message));
+        slices.push(IoSlice::new(body.prefix()));
+        slices.extend(
+            data.iter()
+                .filter(|d| !d.is_empty())
+                .map(|d| IoSlice::new(d)),
+        );
+        if !body.suffix().is_empty() {
+            slices.push(IoSlice::new(body.suffix()));
+        }
+        let fault = self.fault().map(|f| (f, active.seg.id));
+        if let Err(failure) =
+            segment::write_vectored_at(&active.file, &mut slices, placed.offset, fault)
+        {
+            return Err(self.fail(&mut shard, &placed, failure.written, failure.error));
+        }
+        Ok(self.commit(active, key, &placed, crc))
+    }
+
+    /// Appends an entry whose data is `src`'s byte range, copied file to file inside the
+    /// kernel. Order of writes: body prefix, data, suffix; the crc32c is computed over the
+    /// body as it now lies in the segment; then `check` runs; only when it passes is the
+    /// message header (which carries the crc) written and the entry indexed. Any failure
+    /// (short source, I/O error, refused check) seals the segment at its last good entry, so
+    /// no entry is ever locatable over torn or refused bytes, and no later boot walk can
+    /// find a complete message there either (its header was never written).
+    pub(crate) fn append_from_file<E>(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        src: FileRange<'_>,
+        check: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Result<Location, E>, StoreError> {
+        let (_claim, body, bound) = match self.start(key, meta, src.len)? {
+            Start::Stored(loc) => return Ok(Ok(loc)),
+            Start::Write(claim, body, bound) => (claim, body, bound),
+        };
+        let mut shard = self.lock_shard();
+        // The crc is fixed-width hex in the header, so a placeholder sizes it exactly.
+        let (active, mut placed) = self.place(&mut shard, &body, bound, Some(0))?;
+        let body_at = placed.offset + placed.message.len() as u64;
+        let fault = self.fault().map(|f| (f, active.seg.id));
+        if let Some(f) = fault.and_then(|(f, id)| f.on_entry_write(id, placed.offset, placed.total))
+        {
+            return Err(self.fail(&mut shard, &placed, 0, f.error));
+        }
+        match copy::write_body(&active.file, &body, body_at, src) {
+            Ok(()) => {}
+            Err(CopyFailure::SourceShort { copied }) => {
+                let short = std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the source ended before the range did",
+                );
+                let _sealed = self.fail(&mut shard, &placed, copied, short);
+                return Err(StoreError::SourceShort {
+                    offset: src.offset,
+                    expected: src.len,
+                    copied,
+                });
+            }
+            Err(CopyFailure::Io { copied, error }) => {
+                return Err(self.fail(&mut shard, &placed, copied, error));
+            }
+        }
+        let crc = match map::with_range(&active.file, body_at, body.len(), crc32c::crc32c) {
+            Ok(crc) => crc,
+            Err(error) => return Err(self.fail(&mut shard, &placed, 0, error)),
+        };
+        if let Err(refused) = check() {
+            let _sealed = self.fail(
+                &mut shard,
+                &placed,
+                0,
+                std::io::Error::other("the caller's check refused the source bytes"),
+            );
+            return Ok(Err(refused));
+        }
+        let message = match body.message(placed.offset, Some(crc)) {
+            Ok(m) if m.len() == placed.message.len() => m,
+            Ok(m) => {
+                let reason = format!(
+                    "the entry header changed length with its checksum ({} vs {} bytes)",
+                    m.len(),
+                    placed.message.len()
+                );
+                let _sealed = self.fail(
+                    &mut shard,
+                    &placed,
+                    0,
+                    std::io::Error::other(reason.clone()),
+                );
+                return Err(StoreError::InvalidEntry { reason });
+            }
+            Err(e) => {
+                let _sealed =
+                    self.fail(&mut shard, &placed, 0, std::io::Error::other(e.to_string()));
+                return Err(encode_err(e));
+            }
+        };
+        placed.message = message;
+        if let Err(error) = active.file.write_all_at(&placed.message, placed.offset) {
+            return Err(self.fail(&mut shard, &placed, 0, error));
+        }
+        Ok(Ok(self.commit(active, key, &placed, crc)))
+    }
+
+    /// Refuses what cannot be written, answers an already stored key, or claims the key.
+    fn start<'a>(
+        &'a self,
+        key: &'a [u8],
+        meta: &EntryMeta,
+        data_len: u64,
+    ) -> Result<Start<'a>, StoreError> {
         self.check_writable()?;
         if let Some(e) = self.index.get(key) {
             self.touch(&e.seg);
-            return Ok(location(&e));
+            return Ok(Start::Stored(location(&e)));
         }
-        let data_len: u64 = data.iter().map(|d| d.len() as u64).sum();
         let body = EntryBody::new(key, &meta.shape, &meta.dtype, data_len).map_err(encode_err)?;
         let bound =
             body.message(0, Some(0)).map_err(encode_err)?.len() as u64 + MAX_ALIGN_PAD + body.len();
@@ -76,12 +219,10 @@ impl Inner {
                 ),
             });
         }
-        let _claim = match self.claim(key) {
-            Claim::Stored(loc) => return Ok(loc),
-            Claim::Mine(claim) => claim,
-        };
-        let crc = body.crc32c(data);
-        self.write_entry(key, &body, crc, data, bound)
+        Ok(match self.claim(key) {
+            Claim::Stored(loc) => Start::Stored(loc),
+            Claim::Mine(claim) => Start::Write(claim, body, bound),
+        })
     }
 
     /// Largest encoded entry a segment accepts (a segment must hold at least one).
@@ -116,15 +257,15 @@ impl Inner {
             .unwrap_or_else(|| self.shards[start].lock())
     }
 
-    fn write_entry(
+    /// Makes sure the shard has an active segment with room for `bound` bytes (rotating a
+    /// full one) and encodes the entry's message header for the offset it will take.
+    fn place<'s>(
         &self,
-        key: &[u8],
+        shard: &'s mut Option<Active>,
         body: &EntryBody,
-        crc: u32,
-        data: &[&[u8]],
         bound: u64,
-    ) -> Result<Location, StoreError> {
-        let mut shard = self.lock_shard();
+        crc: Option<u32>,
+    ) -> Result<(&'s mut Active, Placed), StoreError> {
         self.check_writable()?;
         let current = match shard.take() {
             Some(a) if !a.entries.is_empty() && a.end + bound > self.segment_bytes => {
@@ -136,64 +277,80 @@ impl Inner {
         };
         let active = shard.insert(current);
         let offset = active.end;
-        let message = body.message(offset, Some(crc)).map_err(encode_err)?;
+        let message = body.message(offset, crc).map_err(encode_err)?;
         let total = message.len() as u64 + body.len();
-        let mut slices = Vec::with_capacity(data.len() + 3);
-        slices.push(IoSlice::new(&message));
-        slices.push(IoSlice::new(body.prefix()));
-        slices.extend(
-            data.iter()
-                .filter(|d| !d.is_empty())
-                .map(|d| IoSlice::new(d)),
-        );
-        if !body.suffix().is_empty() {
-            slices.push(IoSlice::new(body.suffix()));
+        Ok((
+            active,
+            Placed {
+                offset,
+                message,
+                total,
+            },
+        ))
+    }
+
+    /// A failed entry write: seals the shard's segment at its last good entry (the
+    /// end-of-stream marker goes over whatever part of the entry reached the file) and
+    /// describes the failure. The next append opens a new segment.
+    fn fail(
+        &self,
+        shard: &mut Option<Active>,
+        placed: &Placed,
+        written: u64,
+        error: std::io::Error,
+    ) -> StoreError {
+        let path = shard
+            .as_ref()
+            .map(|a| a.seg.path.clone())
+            .unwrap_or_default();
+        if let Some(broken) = shard.take() {
+            self.seal_now(broken);
         }
-        let fault = self.fault().map(|f| (f, active.seg.id));
-        if let Err(failure) = segment::write_vectored_at(&active.file, &mut slices, offset, fault) {
-            let path = active.seg.path.clone();
-            if let Some(broken) = shard.take() {
-                self.seal_now(broken);
-            }
-            return Err(StoreError::io(
-                format!(
-                    "cannot append an entry of {total} bytes to {} at offset {offset} ({} bytes \
-                     written); the segment is sealed at its last good entry and the next append \
-                     starts a new segment",
-                    path.display(),
-                    failure.written
-                ),
-                failure.error,
-            ));
-        }
-        let meta_len = (message.len() - 8) as u32;
-        active.end += total;
+        StoreError::io(
+            format!(
+                "cannot append an entry of {} bytes to {} at offset {} ({written} bytes \
+                 written); the segment is sealed at its last good entry and the next append \
+                 starts a new segment",
+                placed.total,
+                path.display(),
+                placed.offset,
+            ),
+            error,
+        )
+    }
+
+    /// Records a completely written entry: advances the segment and indexes the entry.
+    /// Called with the shard still locked, so the segment cannot be sealed and evicted
+    /// before its entry is in the index.
+    fn commit(&self, active: &mut Active, key: &[u8], placed: &Placed, crc: u32) -> Location {
+        let meta_len = (placed.message.len() - 8) as u32;
+        active.end += placed.total;
         active.seg.readable_end.store(active.end, Ordering::Release);
-        active.seg.disk_bytes.fetch_add(total, Ordering::Relaxed);
+        active
+            .seg
+            .disk_bytes
+            .fetch_add(placed.total, Ordering::Relaxed);
         active.entries.push(SidecarEntry {
-            offset,
-            length: total,
+            offset: placed.offset,
+            length: placed.total,
             meta_len,
             crc,
             key: key.into(),
         });
         let entry = IndexEntry {
             seg: Arc::clone(&active.seg),
-            offset,
-            length: total,
+            offset: placed.offset,
+            length: placed.total,
             meta_len,
             crc,
         };
-        self.touch(&active.seg);
-        // Inserted while the shard is held, so the segment cannot be sealed and evicted
-        // before its entry is in the index.
+        self.touch(&entry.seg);
         self.index.insert(key.into(), entry.clone());
-        drop(shard);
-        let now = self.total_bytes.fetch_add(total, Ordering::Relaxed) + total;
+        let now = self.total_bytes.fetch_add(placed.total, Ordering::Relaxed) + placed.total;
         if now > self.max_bytes {
             self.maintenance.wake();
         }
-        Ok(location(&entry))
+        location(&entry)
     }
 
     /// Creates the next segment: persists the high-water mark first, then the file.

@@ -76,6 +76,21 @@ pub enum StoreError {
         /// Checksum of the bytes now in the file.
         found: u32,
     },
+    /// The source file of [`crate::Store::append_from_file`] ended before its range did (it
+    /// shrank). Nothing was stored, the segment was sealed at its last good entry, and the
+    /// store takes further appends.
+    #[error(
+        "the source ended after {copied} of the {expected} bytes requested at offset {offset} \
+         (it shrank); the entry is not stored and the store stays usable"
+    )]
+    SourceShort {
+        /// Offset of the range in the source.
+        offset: u64,
+        /// Length of the range.
+        expected: u64,
+        /// Bytes copied before the source ended.
+        copied: u64,
+    },
     /// A durability step failed earlier (directory or high-water-mark fsync); writes are refused.
     #[error(
         "segment store {dir} refuses writes: {reason}; restart the store once the disk is healthy"

@@ -50,8 +50,10 @@
 //!   removal of every segment), and eviction only unlinks. The one positional write is the
 //!   end-of-stream marker placed over torn bytes after a failed write; no entry was ever
 //!   located there.
-//! * An entry is written completely (one vectored write) before it enters the index, so a
-//!   located entry is always whole; lookups are map accesses and never wait for writes.
+//! * An entry is written completely (one vectored write, or for
+//!   [`Store::append_from_file`] body first, checksum read back from the segment, header
+//!   last) before it enters the index, so a located entry is always whole; lookups are map
+//!   accesses and never wait for writes.
 //! * On any write error the segment is sealed at its last good entry, the append fails, and
 //!   the next append opens a new segment: nothing is ever appended after torn bytes.
 //! * A failed fsync of the id high-water mark, a sidecar or the directory poisons the store:
@@ -68,6 +70,7 @@
 
 mod append;
 mod boot;
+mod copy;
 pub mod error;
 mod evict;
 #[doc(hidden)]
@@ -89,4 +92,4 @@ pub use error::StoreError;
 pub use layout::FORMAT_VERSION;
 pub use options::StoreOptions;
 pub use store::Store;
-pub use types::{EntryBytes, EntryMeta, Location, StoreStats};
+pub use types::{EntryBytes, EntryMeta, FileRange, Location, StoreStats};

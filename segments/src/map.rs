@@ -37,6 +37,35 @@ impl AsRef<[u8]> for SegmentMap {
     }
 }
 
+/// Runs `f` over bytes `[offset, offset + len)` of a segment file through a transient
+/// read-only mapping (prefaulted), e.g. to checksum an entry just written without copying it.
+pub(crate) fn with_range<T>(
+    file: &File,
+    offset: u64,
+    len: u64,
+    f: impl FnOnce(&[u8]) -> T,
+) -> std::io::Result<T> {
+    if len == 0 {
+        return Ok(f(&[]));
+    }
+    let len = usize::try_from(len).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "range too large to map")
+    })?;
+    // SAFETY: `file` is a segment this crate writes: it is never truncated or shrunk (see
+    // `SegmentMap::map`), the range was written by the caller, who holds the segment's shard
+    // lock for the whole call, so nothing else writes or seals it meanwhile, and the mapping
+    // is dropped before this function returns. The source files entries are copied from are
+    // never mapped.
+    let map = unsafe {
+        MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .populate()
+            .map(file)?
+    };
+    Ok(f(&map))
+}
+
 /// Wrapper so an `Arc<SegmentMap>` can own a [`bytes::Bytes`].
 #[derive(Debug, Clone)]
 pub(crate) struct SharedMap(pub(crate) Arc<SegmentMap>);

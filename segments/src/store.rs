@@ -23,7 +23,7 @@ use crate::map::SharedMap;
 use crate::options::StoreOptions;
 use crate::recency;
 use crate::segment::{Active, Segment};
-use crate::types::{EntryBytes, EntryMeta, Location, StoreStats};
+use crate::types::{EntryBytes, EntryMeta, FileRange, Location, StoreStats};
 
 /// Smallest rotation threshold the store uses, whatever the budget.
 const MIN_SEGMENT_BYTES: u64 = 64 << 10;
@@ -244,6 +244,44 @@ impl Store {
         data: &[&[u8]],
     ) -> Result<Location, StoreError> {
         self.inner.append(key, meta, data)
+    }
+
+    /// Appends a chunk under `key` whose raw C-order bytes are `src`'s byte range, copied
+    /// file to file inside the kernel (`copy_file_range(2)`; a read/write loop where the
+    /// kernel cannot): one copy, and the source is never mapped. The crc32c is computed from
+    /// the bytes as they lie in the segment. Deduplicated like [`Store::append`].
+    ///
+    /// A source that shrank under the copy is [`StoreError::SourceShort`]; like a write
+    /// error it seals the segment at its last good entry and leaves the store usable.
+    pub fn append_from_file(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        src: FileRange<'_>,
+    ) -> Result<Location, StoreError> {
+        match self
+            .inner
+            .append_from_file(key, meta, src, || Ok::<(), std::convert::Infallible>(()))?
+        {
+            Ok(location) => Ok(location),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Store::append_from_file`] with a caller check that runs after the bytes are in the
+    /// segment and before the entry is committed (its header written, its key indexed): the
+    /// place to re-check that the source did not change during the copy. When `check`
+    /// refuses, nothing is stored (the segment is sealed at its last good entry, as after a
+    /// write error) and its error comes back as the inner `Err`; the outer `Err` is the
+    /// store's own failure. An already stored key is answered without running `check`.
+    pub fn append_from_file_checked<E>(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        src: FileRange<'_>,
+        check: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Result<Location, E>, StoreError> {
+        self.inner.append_from_file(key, meta, src, check)
     }
 
     /// Where `key` lives, if stored: one map lookup (counts a hit or a miss and refreshes the

@@ -11,6 +11,19 @@ pub struct EntryMeta {
     pub dtype: String,
 }
 
+/// A byte range of a file (a source) that an entry's data is copied from with
+/// [`crate::Store::append_from_file`]. The store only reads it with system calls and never
+/// maps it, so a file that shrinks under the copy is an error, never `SIGBUS`.
+#[derive(Clone, Copy, Debug)]
+pub struct FileRange<'a> {
+    /// The open source file.
+    pub file: &'a std::fs::File,
+    /// Offset of the first byte.
+    pub offset: u64,
+    /// Number of bytes.
+    pub len: u64,
+}
+
 /// Where an entry lives: what `chunk_locate` answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use tessera_segments::{Store, StoreError, StoreOptions};
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
 
@@ -137,13 +138,23 @@ impl Daemon {
         if let Some(addr) = addr {
             tracing::info!("listening on grpc://{addr}");
         }
+        // The builder's `tcp_nodelay` only applies to listeners tonic binds itself; with our
+        // own listener each accepted socket needs it, or small replies (GetFlightInfo, actions)
+        // wait ~40 ms for Nagle's algorithm and the peer's delayed ACK.
+        let incoming = TcpListenerStream::new(self.listener).map(|conn| {
+            if let Ok(stream) = &conn
+                && let Err(e) = stream.set_nodelay(true)
+            {
+                tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+            }
+            conn
+        });
         let server = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
             .max_frame_size(1 << 20)
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), signal);
+            .serve_with_incoming_shutdown(incoming, signal);
         tokio::pin!(server);
         let grace = async {
             if stopping_rx.await.is_ok() {

@@ -7,10 +7,16 @@
 //!  ChunkService ── hit ──▶ segment store (file cache)   or   memory cache
 //!        │ miss
 //!        ▼ single flight: one decode per cold chunk, however many callers
-//!  NpyFile::read_region (pread into a pooled buffer; source checked unchanged
-//!        │               before and after)
-//!        ▼
-//!  Store::append (one vectored write) ──▶ locatable, readable zero-copy
+//!  contiguous range of a C-order source?
+//!        │ yes                                   │ no (Fortran order, strided region)
+//!        ▼                                       ▼
+//!  Store::append_from_file_checked          NpyFile::read_region (gather into a pooled
+//!  (copy_file_range: source pages →           buffer: copy 1), then Store::append
+//!   segment pages, ONE copy; the source        (one vectored write: copy 2)
+//!   is never mapped; committed only if
+//!   NpyFile::check_unchanged still holds)
+//!        │                                       │
+//!        └──────────▶ locatable, readable zero-copy ◀┘
 //! ```
 //!
 //! When an append fails (disk full, I/O error) the chunk is still served over
@@ -26,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use tessera_proto::json::{CacheBackend, CacheStats};
-use tessera_segments::{EntryMeta, Location, Store};
+use tessera_segments::{EntryMeta, FileRange, Location, Store, StoreError};
 use tokio::sync::Semaphore;
 
 use crate::chunk_id::ChunkId;
@@ -263,6 +269,34 @@ impl ChunkService {
                 ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id))
             }
         };
+        let mut try_append = true;
+        if let Backend::File(store) = &self.backend
+            && let Some(src) = source_range(tensor, id)
+        {
+            // One copy: source pages to segment pages inside the kernel. The source is
+            // checked unchanged after the copy and before the entry is committed, so bytes
+            // of a file modified during the copy are never served under the old id.
+            let appended =
+                store.append_from_file_checked(&key, &meta, src, || tensor.file.check_unchanged());
+            match appended {
+                Ok(Ok(_)) => {
+                    self.note_append_ok();
+                    return Ok(Materialized::Stored);
+                }
+                Ok(Err(changed)) => return Err(source_error(changed)),
+                Err(StoreError::SourceShort { .. }) => {
+                    tensor.file.check_unchanged().map_err(source_error)?;
+                    return Err(ServiceError::Internal(format!(
+                        "source '{}' ended before the chunk's bytes while its size looks unchanged",
+                        tensor.source_id
+                    )));
+                }
+                Err(err) => {
+                    self.note_append_failed(&err);
+                    try_append = false;
+                }
+            }
+        }
         let mut buffer = self.buffers.take(nbytes);
         // read_region checks the file unchanged after reading: a write that raced the
         // read is refused, never cached under the old version's id.
@@ -271,24 +305,34 @@ impl ChunkService {
             .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
             .map_err(source_error)?;
 
-        if let Backend::File(store) = &self.backend {
+        if let Backend::File(store) = &self.backend
+            && try_append
+        {
             match store.append(&key, &meta, &[buffer.as_slice()]) {
                 Ok(_) => {
-                    if self.write_failing.swap(false, Ordering::Relaxed) {
-                        tracing::info!("segment store accepts writes again; chunk caching resumed");
-                    }
+                    self.note_append_ok();
                     return Ok(Materialized::Stored);
                 }
-                Err(err) => {
-                    if !self.write_failing.swap(true, Ordering::Relaxed) {
-                        tracing::error!(error = %err, "segment store write failed; serving chunks from memory over do_get until it recovers");
-                    }
-                }
+                Err(err) => self.note_append_failed(&err),
             }
         }
         let chunk = encode_in_memory(&key, &meta, buffer.as_slice())?;
         self.memory.insert(&key, chunk.clone());
         Ok(Materialized::InMemory(chunk))
+    }
+
+    /// An append succeeded: logs the recovery after failures.
+    fn note_append_ok(&self) {
+        if self.write_failing.swap(false, Ordering::Relaxed) {
+            tracing::info!("segment store accepts writes again; chunk caching resumed");
+        }
+    }
+
+    /// An append failed: logs it once per run of failures (chunks are served from memory).
+    fn note_append_failed(&self, err: &StoreError) {
+        if !self.write_failing.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %err, "segment store write failed; serving chunks from memory over do_get until it recovers");
+        }
     }
 
     /// Counters for the `cache_stats` action.
@@ -348,6 +392,27 @@ impl ChunkService {
             tracing::error!(error = %err, "sealing the segment store failed");
         }
     }
+}
+
+/// The chunk's bytes as one byte range of the source file, when they are one contiguous run
+/// of a C-order payload (the usual case: the grid splits the slowest axes first). `None`
+/// sends the chunk through the gathering read.
+fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
+    let header = tensor.file.header();
+    if !header.is_c_layout() {
+        return None;
+    }
+    let elements = id.region().element_range(&header.shape, false)?;
+    let itemsize = tensor.itemsize();
+    let offset = header
+        .data_offset
+        .checked_add(elements.start.checked_mul(itemsize)?)?;
+    let len = (elements.end - elements.start).checked_mul(itemsize)?;
+    Some(FileRange {
+        file: tensor.file.file(),
+        offset,
+        len,
+    })
 }
 
 /// Drops the continuation marker and length in front of an encapsulated IPC

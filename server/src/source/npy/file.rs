@@ -107,6 +107,12 @@ impl NpyFile {
         &self.path
     }
 
+    /// The open file, for positional reads and in-kernel copies (`copy_file_range`) of payload
+    /// ranges. Never map it: a file shrunk under a mapping kills the process with `SIGBUS`.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Device, inode, size and mtime at open.
     pub fn identity(&self) -> FileIdentity {
         self.identity
