@@ -39,6 +39,44 @@ enum Command {
     /// Example: `tessera serve samples/` then, from Python,
     /// `biopb.tensor.TensorFlightClient("grpc://127.0.0.1:8815").get_array("zstack")`.
     Serve(ServeArgs),
+    /// Read a tensor (or a region of it) into a .npy file numpy reads back exactly.
+    ///
+    /// On a loopback server chunks are mapped from the server's segment files (nothing
+    /// crosses the socket but the plan); elsewhere they stream over do_get.
+    /// Example: `tessera get grpc://127.0.0.1:8815 zstack --region 0:4,:,100: -o z.npy`.
+    Get(GetArgs),
+    /// List the tensors a server serves (id, shape, dtype, chunk shape, axis labels).
+    Ls(RemoteArgs),
+    /// Print a server's chunk cache counters (hits, misses, bytes, evictions, segments).
+    Stats(RemoteArgs),
+}
+
+/// Where a server is and how to authenticate to it.
+#[derive(clap::Args)]
+struct RemoteArgs {
+    /// Server location, e.g. grpc://127.0.0.1:8815.
+    location: String,
+    /// Bearer token, when the server requires one.
+    #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// Arguments of `tessera get`.
+#[derive(clap::Args)]
+struct GetArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The array id to read (see `tessera ls`).
+    array_id: String,
+    /// Region to read, numpy-like per axis, e.g. `0:10,:,100:` (default: the whole tensor).
+    #[arg(long)]
+    region: Option<String>,
+    /// Output .npy path.
+    #[arg(short, long)]
+    output: std::path::PathBuf,
+    /// Never map segment files; fetch every chunk over the socket (do_get).
+    #[arg(long)]
+    no_mmap: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -90,6 +128,31 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("cannot start the server")?;
             daemon.run(stop_signal()).await.context("server failed")?;
+        }
+        Command::Get(args) => {
+            let summary = tessera_client::cli_get(
+                &args.remote.location,
+                &args.array_id,
+                args.region.as_deref(),
+                &args.output,
+                args.no_mmap,
+                args.remote.token.as_deref(),
+            )
+            .await
+            .with_context(|| format!("cannot read '{}'", args.array_id))?;
+            println!("{summary}");
+        }
+        Command::Ls(remote) => {
+            let text = tessera_client::cli_ls(&remote.location, remote.token.as_deref())
+                .await
+                .context("cannot list tensors")?;
+            print!("{text}");
+        }
+        Command::Stats(remote) => {
+            let text = tessera_client::cli_stats(&remote.location, remote.token.as_deref())
+                .await
+                .context("cannot read cache stats")?;
+            print!("{text}");
         }
     }
     Ok(())
