@@ -302,6 +302,11 @@ impl Client {
             .map_err(|s| ClientError::rpc("ListFlights", s))?;
         let mut names = Vec::with_capacity(infos.len());
         for info in &infos {
+            // Tables of the SQL catalog are listed beside the tensors; only tensors carry
+            // the chunk wire protocol stamp on their schema.
+            if !crate::plan::is_tensor_info(info) {
+                continue;
+            }
             let Some(descriptor) = &info.flight_descriptor else {
                 continue;
             };

@@ -84,6 +84,13 @@ pub fn check_wire_protocol(info: &FlightInfo, array_id: &str) -> Result<(), Clie
     }
 }
 
+/// True when a ListFlights entry is a tensor (its schema carries the chunk wire protocol
+/// stamp) rather than another flight such as a catalog table.
+pub(crate) fn is_tensor_info(info: &FlightInfo) -> bool {
+    arrow_ipc::convert::try_schema_from_ipc_buffer(&info.schema)
+        .is_ok_and(|s| s.metadata().contains_key(CHUNK_WIRE_PROTOCOL_KEY))
+}
+
 fn tessera_schema(info: &FlightInfo, array_id: &str) -> Result<arrow_schema::Schema, ClientError> {
     if info.schema.is_empty() {
         return Err(ClientError::WireProtocol {

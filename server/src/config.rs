@@ -13,14 +13,35 @@
 //! dir = "/var/cache/tessera"
 //! max_bytes = "64GiB"
 //! allow_network = false
+//! group_readable = false                 # true: cache files 0640, for local users of the group
+//!
+//! [tls]                                  # serve grpcs:// (both keys, or neither)
+//! cert = "/etc/tessera/cert.pem"
+//! key = "/etc/tessera/key.pem"
+//!
+//! [[source]]                             # one table per path, with options
+//! path = "/data/plates"
+//! id = "plates"                          # id of a file, or id prefix of a directory's files
+//! dim_labels = ["c", "y", "x"]           # must match each tensor's rank
 //! ```
+//!
+//! Operations keys: `watch = true` and `watch_interval = "2s"` (live directories),
+//! `metrics_listen = "127.0.0.1:9815"`, `log_format = "json"`. Every key, flag and
+//! environment variable is documented in `docs/configuration.md`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
+use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
+use crate::source::watch::DEFAULT_WATCH_INTERVAL;
+
+pub mod effective;
 
 /// Default listen address: loopback only, so no token is needed.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8815";
@@ -37,6 +58,17 @@ pub enum CacheKind {
     File,
     /// RAM only: every chunk travels over the socket.
     Memory,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Errors reading or checking configuration.
@@ -78,6 +110,18 @@ pub struct CacheFile {
     pub max_bytes: Option<String>,
     /// Allow a network filesystem for the cache directory.
     pub allow_network: Option<bool>,
+    /// Create cache files readable by the server's group (0640) instead of 0600.
+    pub group_readable: Option<bool>,
+}
+
+/// The `[tls]` table of the config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    /// PEM certificate chain, leaf first.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of the leaf.
+    pub key: Option<PathBuf>,
 }
 
 /// The config file's contents.
@@ -96,6 +140,30 @@ pub struct ConfigFile {
     pub chunk_target: Option<String>,
     /// Cache settings.
     pub cache: Option<CacheFile>,
+    /// TLS settings.
+    pub tls: Option<TlsFile>,
+    /// Paths with options (`[[source]]` tables), served after `sources`.
+    pub source: Option<Vec<SourceFile>>,
+    /// Rescan the sources periodically and serve what changed.
+    pub watch: Option<bool>,
+    /// Time between rescans, as a duration string (`2s`, `500ms`, `1m`).
+    pub watch_interval: Option<String>,
+    /// Address of the Prometheus `/metrics` endpoint.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log line format.
+    pub log_format: Option<LogFormat>,
+}
+
+/// One `[[source]]` table of the config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceFile {
+    /// A `.npy` file or a directory scanned recursively.
+    pub path: PathBuf,
+    /// Id of the file, or id prefix of the directory's files.
+    pub id: Option<String>,
+    /// Axis labels replacing the defaults.
+    pub dim_labels: Option<Vec<String>>,
 }
 
 impl ConfigFile {
@@ -146,6 +214,26 @@ pub struct ServeArgs {
     /// TOML config file; flags and environment override it.
     #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// PEM certificate chain: serve over TLS (clients use grpcs://); needs --tls-key.
+    #[arg(long, env = "TESSERA_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the --tls-cert leaf (keep it mode 600).
+    #[arg(long, env = "TESSERA_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Create cache files mode 0640 instead of 0600, so local users in the server's group can
+    /// mmap them; other users' clients fall back to do_get.
+    #[arg(long, env = "TESSERA_CACHE_GROUP_READABLE")]
+    pub cache_group_readable: bool,
+    /// Rescan the sources every --watch-interval and serve added, changed and removed
+    /// .npy files without a restart (`--watch=false` turns off a config file's `watch`).
+    #[arg(long, env = "TESSERA_WATCH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub watch: Option<bool>,
+    /// Time between rescans with --watch, e.g. 2s, 500ms, 1m [default: 2s].
+    #[arg(long, env = "TESSERA_WATCH_INTERVAL", value_name = "DURATION")]
+    pub watch_interval: Option<String>,
+    /// Serve Prometheus metrics as text on http://ADDR/metrics.
+    #[arg(long, env = "TESSERA_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The effective configuration of a server.
@@ -169,6 +257,29 @@ pub struct ServeConfig {
     pub token: Option<String>,
     /// Target chunk size.
     pub chunk_target: u64,
+    /// TLS certificate chain and key (PEM files), if the server speaks TLS.
+    pub tls: Option<TlsPaths>,
+    /// Cache files readable by the server's group (0640) rather than its user only (0600).
+    pub cache_group_readable: bool,
+    /// Id alias and axis labels of configured paths (keys as in `paths`).
+    pub source_options: BTreeMap<PathBuf, SourceOptions>,
+    /// Rescan the sources periodically.
+    pub watch: bool,
+    /// Time between rescans.
+    pub watch_interval: Duration,
+    /// Address of the Prometheus `/metrics` endpoint, if any.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log line format (the `--log-format` flag, applied by the binary, wins).
+    pub log_format: LogFormat,
+}
+
+/// Where the TLS certificate chain and its private key are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsPaths {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf.
+    pub key: PathBuf,
 }
 
 impl ServeConfig {
@@ -184,7 +295,25 @@ impl ServeConfig {
             allow_network_cache: false,
             token: None,
             chunk_target: DEFAULT_TARGET_CHUNK_BYTES,
+            tls: None,
+            cache_group_readable: false,
+            source_options: BTreeMap::new(),
+            watch: false,
+            watch_interval: DEFAULT_WATCH_INTERVAL,
+            metrics_listen: None,
+            log_format: LogFormat::Text,
         }
+    }
+
+    /// The configured paths with their options, in order.
+    pub fn sources(&self) -> Vec<SourceSpec> {
+        self.paths
+            .iter()
+            .map(|path| SourceSpec {
+                path: path.clone(),
+                options: self.source_options.get(path).cloned().unwrap_or_default(),
+            })
+            .collect()
     }
 
     /// Merges flags (already merged with env by clap) over the config file over defaults.
@@ -194,6 +323,24 @@ impl ServeConfig {
             None => ConfigFile::default(),
         };
         let cache_file = file.cache.unwrap_or_default();
+        let tls_file = file.tls.unwrap_or_default();
+        let tls = match (
+            args.tls_cert.or(tls_file.cert),
+            args.tls_key.or(tls_file.key),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsPaths { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Invalid(
+                    "a TLS certificate was given without its key: add --tls-key FILE".to_string(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Invalid(
+                    "a TLS key was given without its certificate: add --tls-cert FILE".to_string(),
+                ));
+            }
+        };
         let listen = match args.listen.or(file.listen) {
             Some(a) => a,
             None => DEFAULT_LISTEN
@@ -210,10 +357,14 @@ impl ServeConfig {
             ),
             (None, None, None) => None,
         };
-        let paths = if args.paths.is_empty() {
-            file.sources.unwrap_or_default()
+        let (paths, source_options) = if args.paths.is_empty() {
+            file_sources(file.sources, file.source)?
         } else {
-            args.paths
+            (args.paths, BTreeMap::new())
+        };
+        let watch_interval = match args.watch_interval.or(file.watch_interval) {
+            Some(s) => parse_duration(&s)?,
+            None => DEFAULT_WATCH_INTERVAL,
         };
         let chunk_target = match args.chunk_target.or(file.chunk_target) {
             Some(s) => parse_size(&s)?,
@@ -242,8 +393,84 @@ impl ServeConfig {
                 || cache_file.allow_network.unwrap_or(false),
             token,
             chunk_target,
+            tls,
+            cache_group_readable: args.cache_group_readable
+                || cache_file.group_readable.unwrap_or(false),
+            source_options,
+            watch: args.watch.or(file.watch).unwrap_or(false),
+            watch_interval,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            log_format: file.log_format.unwrap_or_default(),
         })
     }
+}
+
+/// The file's `sources = [...]` list then its `[[source]]` tables, with their
+/// options checked: ids of `[A-Za-z0-9._-]`, non-empty distinct labels.
+fn file_sources(
+    plain: Option<Vec<PathBuf>>,
+    tables: Option<Vec<SourceFile>>,
+) -> Result<(Vec<PathBuf>, BTreeMap<PathBuf, SourceOptions>), ConfigError> {
+    let mut paths = plain.unwrap_or_default();
+    let mut options = BTreeMap::new();
+    for table in tables.unwrap_or_default() {
+        let shown = table.path.display();
+        if let Some(id) = &table.id
+            && (id.is_empty() || sanitize(id) != *id)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[[source]] {shown}: id '{id}' must be non-empty and use only A-Z a-z 0-9 . _ -"
+            )));
+        }
+        if let Some(labels) = &table.dim_labels {
+            let distinct: std::collections::BTreeSet<&String> = labels.iter().collect();
+            if labels.iter().any(String::is_empty) || distinct.len() != labels.len() {
+                return Err(ConfigError::Invalid(format!(
+                    "[[source]] {shown}: dim_labels {labels:?} must be non-empty and distinct"
+                )));
+            }
+        }
+        if paths.contains(&table.path) {
+            return Err(ConfigError::Invalid(format!(
+                "source {shown} is listed twice"
+            )));
+        }
+        paths.push(table.path.clone());
+        options.insert(
+            table.path,
+            SourceOptions {
+                id: table.id,
+                dim_labels: table.dim_labels,
+            },
+        );
+    }
+    Ok((paths, options))
+}
+
+/// Parses `2s`, `500ms`, `1.5s`, `1m`, or a bare number of seconds; zero is refused.
+pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+    let bad = || {
+        ConfigError::Invalid(format!(
+            "duration '{text}' is not understood: use e.g. 2s, 500ms, 1m"
+        ))
+    };
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(bad)
 }
 
 /// `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`, else a folder in the temp dir.
@@ -328,5 +555,134 @@ mod tests {
         assert_eq!(config.listen.port(), 2);
         assert_eq!(config.chunk_target, 4 << 20);
         assert_eq!(config.cache, CacheKind::Memory);
+    }
+
+    fn resolve_file(text: &str, args: ServeArgs) -> Result<ServeConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, text).unwrap();
+        ServeConfig::resolve(ServeArgs {
+            config: Some(path),
+            ..args
+        })
+    }
+
+    #[test]
+    fn source_tables_carry_options_after_the_plain_list() {
+        let config = resolve_file(
+            "sources = [\"/d/plain\"]\nwatch = true\nwatch_interval = \"250ms\"\n\
+             metrics_listen = \"127.0.0.1:9100\"\nlog_format = \"json\"\n\
+             [[source]]\npath = \"/d/a.npy\"\nid = \"alpha\"\ndim_labels = [\"y\", \"x\"]\n\
+             [[source]]\npath = \"/d/dir\"\n",
+            ServeArgs::default(),
+        )
+        .unwrap();
+        let sources = config.sources();
+        let paths: Vec<_> = sources.iter().map(|s| s.path.to_str().unwrap()).collect();
+        assert_eq!(paths, ["/d/plain", "/d/a.npy", "/d/dir"]);
+        assert_eq!(sources[1].options.id.as_deref(), Some("alpha"));
+        assert_eq!(
+            sources[1].options.dim_labels,
+            Some(vec!["y".to_string(), "x".to_string()])
+        );
+        assert_eq!(sources[0].options, SourceOptions::default());
+        assert!(config.watch);
+        assert_eq!(config.watch_interval, Duration::from_millis(250));
+        assert_eq!(config.metrics_listen.unwrap().port(), 9100);
+        assert_eq!(config.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn defaults_apply_when_the_file_is_silent() {
+        let config = resolve_file("", ServeArgs::default()).unwrap();
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert!(!config.watch);
+        assert_eq!(config.watch_interval, DEFAULT_WATCH_INTERVAL);
+        assert_eq!(config.metrics_listen, None);
+        assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(config.chunk_target, DEFAULT_TARGET_CHUNK_BYTES);
+        assert_eq!(config.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+    }
+
+    #[test]
+    fn flags_beat_the_file_for_operations_keys() {
+        let args = ServeArgs {
+            paths: vec![PathBuf::from("/cli/x.npy")],
+            watch: Some(false),
+            watch_interval: Some("5s".to_string()),
+            metrics_listen: Some("127.0.0.1:7".parse().unwrap()),
+            ..Default::default()
+        };
+        let config = resolve_file(
+            "watch = true\nwatch_interval = \"1s\"\nmetrics_listen = \"127.0.0.1:8\"\n\
+             [[source]]\npath = \"/file/a.npy\"\nid = \"a\"\n",
+            args,
+        )
+        .unwrap();
+        assert!(!config.watch, "--watch=false beats watch = true");
+        assert_eq!(config.watch_interval, Duration::from_secs(5));
+        assert_eq!(config.metrics_listen.unwrap().port(), 7);
+        let sources = config.sources();
+        assert_eq!(
+            sources.len(),
+            1,
+            "paths on the command line replace the file's"
+        );
+        assert_eq!(sources[0].options, SourceOptions::default());
+    }
+
+    #[test]
+    fn bad_source_options_and_unknown_keys_are_named() {
+        let err = |text: &str| {
+            resolve_file(text, ServeArgs::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("[[source]]\npath = \"/a.npy\"\nid = \"has space\"\n");
+        assert!(e.contains("has space") && e.contains("/a.npy"), "{e}");
+        let e = err("[[source]]\npath = \"/a.npy\"\ndim_labels = [\"y\", \"y\"]\n");
+        assert!(e.contains("dim_labels"), "{e}");
+        let e = err("[[source]]\npath = \"/a.npy\"\nlabels = [\"y\"]\n");
+        assert!(e.contains("labels"), "{e}");
+        let e = err("[[source]]\nid = \"x\"\n");
+        assert!(e.contains("path"), "{e}");
+        let e = err("[cache]\nkind = \"file\"\nbudget = 3\n");
+        assert!(e.contains("budget"), "{e}");
+        let e = err("watch_interval = \"soon\"\n");
+        assert!(e.contains("soon"), "{e}");
+        let e = err("sources = [\"/a.npy\"]\n[[source]]\npath = \"/a.npy\"\n");
+        assert!(e.contains("listed twice"), "{e}");
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("2 fortnights").is_err());
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_group_mode_is_opt_in() {
+        let half = ServeArgs {
+            tls_cert: Some(PathBuf::from("/c.pem")),
+            ..Default::default()
+        };
+        let err = ServeConfig::resolve(half).unwrap_err().to_string();
+        assert!(err.contains("--tls-key"), "{err}");
+        let config = resolve_file(
+            "[tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n[cache]\ngroup_readable = true\n",
+            ServeArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(config.tls.unwrap().key, PathBuf::from("/k.pem"));
+        assert!(config.cache_group_readable);
+        assert!(
+            !ServeConfig::resolve(ServeArgs::default())
+                .unwrap()
+                .cache_group_readable
+        );
     }
 }

@@ -16,8 +16,11 @@ use crate::chunks::{Backend, ChunkService};
 use crate::config::{CacheKind, ServeConfig};
 use crate::flight::auth::{TokenCheck, validate_token};
 use crate::flight::{ServiceState, TesseraFlight};
+use crate::metrics::{Counted, Metered, MetricsServer};
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
+use crate::source::watch::Watcher;
+use crate::tls::TlsIdentity;
 
 /// Largest message the server sends: a 64 MiB chunk plus its header, with room to spare.
 const MAX_ENCODE_BYTES: usize = 80 << 20;
@@ -25,6 +28,17 @@ const MAX_ENCODE_BYTES: usize = 80 << 20;
 const MAX_DECODE_BYTES: usize = 16 << 20;
 /// How long in-flight calls may run after a stop signal before the process exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Deadline of every call (a shorter `grpc-timeout` from the client wins): time to plan, or to
+/// decode a cold chunk and send its response headers. A caller that gives up frees its task;
+/// a decode already running on the blocking pool still finishes and is cached for the next call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Concurrent HTTP/2 streams one connection may hold open. Each `do_get` stream holds at most
+/// one encoded chunk, so this bounds what one connection can pin in memory.
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Keepalive pings find peers that vanished without closing, so their streams are dropped.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// A ping not acknowledged within this closes the connection.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why the daemon could not start or stopped badly.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +69,9 @@ pub enum DaemonError {
     /// The gRPC server failed.
     #[error("server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The TLS certificate or key cannot be used.
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A bound, ready-to-run server.
@@ -62,6 +79,9 @@ pub struct Daemon {
     listener: TcpListener,
     state: Arc<ServiceState>,
     token: Option<String>,
+    tls: Option<TlsIdentity>,
+    metrics: Option<MetricsServer>,
+    watcher: Option<Watcher>,
 }
 
 impl Daemon {
@@ -72,15 +92,22 @@ impl Daemon {
         } else if !config.listen.ip().is_loopback() {
             return Err(DaemonError::ExposedWithoutToken(config.listen));
         }
+        let tls = match &config.tls {
+            Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
+            None => None,
+        };
         let backend = open_backend(config)?;
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
         };
-        let paths = config.paths.clone();
+        let sources = config.sources();
+        let watcher = config
+            .watch
+            .then(|| Watcher::new(sources.clone(), options.clone(), config.watch_interval));
         let scan_options = options.clone();
         let (registry, _problems) =
-            tokio::task::spawn_blocking(move || Registry::scan(&paths, &scan_options))
+            tokio::task::spawn_blocking(move || Registry::scan(&sources, &scan_options))
                 .await
                 .unwrap_or_else(|e| {
                     tracing::error!(error = %e, "source scan failed");
@@ -93,6 +120,15 @@ impl Daemon {
             .map_err(|e| DaemonError::Cache(e.to_string()))?;
         let chunks = Arc::new(chunks);
         let state = Arc::new(ServiceState::new(registry, options, chunks));
+        state.scan_status().finish();
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                MetricsServer::bind(addr)
+                    .await
+                    .map_err(|source| DaemonError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -104,7 +140,15 @@ impl Daemon {
             listener,
             state,
             token: config.token.clone(),
+            tls,
+            metrics,
+            watcher,
         })
+    }
+
+    /// The address of the `/metrics` endpoint, if one is bound.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|m| m.local_addr().ok())
     }
 
     /// The address actually bound (useful with port 0).
@@ -128,33 +172,46 @@ impl Daemon {
             .max_encoding_message_size(MAX_ENCODE_BYTES)
             .max_decoding_message_size(MAX_DECODE_BYTES);
         let check = TokenCheck::new(self.token.clone());
-        let service = InterceptedService::new(service, move |req| check.check(req));
+        let service = Metered::new(InterceptedService::new(service, move |req| {
+            check.check(req)
+        }));
+        let mut side_tasks = Vec::new();
+        if let Some(metrics) = self.metrics {
+            if let Ok(at) = metrics.local_addr() {
+                tracing::info!("metrics on http://{at}/metrics");
+            }
+            side_tasks.push(tokio::spawn(metrics.run(self.state.clone())));
+        }
+        if let Some(watcher) = self.watcher {
+            side_tasks.push(tokio::spawn(watcher.run(self.state.clone())));
+        }
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
             tracing::info!("stop requested; finishing in-flight calls");
             let _ = stopping_tx.send(());
         };
+        let scheme = if self.tls.is_some() { "grpcs" } else { "grpc" };
         if let Some(addr) = addr {
-            tracing::info!("listening on grpc://{addr}");
+            tracing::info!("listening on {scheme}://{addr}");
         }
-        // The builder's `tcp_nodelay` only applies to listeners tonic binds itself; with our
-        // own listener each accepted socket needs it, or small replies (GetFlightInfo, actions)
-        // wait ~40 ms for Nagle's algorithm and the peer's delayed ACK.
-        let incoming = TcpListenerStream::new(self.listener).map(|conn| {
-            if let Ok(stream) = &conn
-                && let Err(e) = stream.set_nodelay(true)
-            {
-                tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
-            }
-            conn
-        });
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_config(tls.server_config())?;
+        }
+        let server = builder
+            .timeout(CALL_TIMEOUT)
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
             .max_frame_size(1 << 20)
             .add_service(service)
-            .serve_with_incoming_shutdown(incoming, signal);
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(self.listener).map(|r| r.map(accepted)),
+                signal,
+            );
         tokio::pin!(server);
         let grace = async {
             if stopping_rx.await.is_ok() {
@@ -170,10 +227,23 @@ impl Daemon {
                 Ok(())
             }
         };
+        for task in side_tasks {
+            task.abort();
+        }
         self.state.chunks().close();
         tracing::info!("stopped");
         result
     }
+}
+
+/// Prepares an accepted connection. The builder's `tcp_nodelay` only applies to listeners
+/// tonic binds itself; with our own listener each socket needs it, or small replies
+/// (GetFlightInfo, actions) wait ~40 ms for Nagle's algorithm and the peer's delayed ACK.
+fn accepted(stream: tokio::net::TcpStream) -> Counted {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+    }
+    Counted::new(stream)
 }
 
 fn open_backend(config: &ServeConfig) -> Result<Backend, DaemonError> {
@@ -184,7 +254,12 @@ fn open_backend(config: &ServeConfig) -> Result<Backend, DaemonError> {
     }
     let options = StoreOptions::new(config.cache_dir.clone())
         .with_max_bytes(config.cache_max_bytes)
-        .with_allow_network_fs(config.allow_network_cache);
+        .with_allow_network_fs(config.allow_network_cache)
+        .with_file_mode(if config.cache_group_readable {
+            0o640
+        } else {
+            0o600
+        });
     match Store::open(options) {
         Ok(store) => {
             tracing::info!(dir = %config.cache_dir.display(), "file cache open");

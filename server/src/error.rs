@@ -101,12 +101,10 @@ impl ServiceError {
 
 impl From<ServiceError> for Status {
     fn from(err: ServiceError) -> Status {
-        let message = err.to_string();
-        if err.is_server_fault() {
-            tracing::error!(error = %message, "call failed");
-        } else {
-            tracing::debug!(error = %message, "call refused");
-        }
+        let message = bounded(err.to_string());
+        // The one log line per failed call (with its method) is written by
+        // `metrics::Metered`, which sees every status, the token check's included.
+        tracing::debug!(error = %message, server_fault = err.is_server_fault(), "call failed");
         let (code, detail, info) = err.classify();
         let mut metadata = MetadataMap::new();
         // Arrow's own trailers: with them pyarrow keeps `extra_info` and the exact
@@ -127,6 +125,26 @@ impl From<ServiceError> for Status {
             None => Status::with_metadata(code, text, metadata),
         }
     }
+}
+
+/// Longest error text sent back. Messages quote what the client sent (an array id, SQL);
+/// a huge request must not become a huge status, which travels twice in HTTP/2 headers
+/// and which clients refuse (hyper closes the connection on that many CONTINUATION frames).
+const MAX_MESSAGE_BYTES: usize = 4 << 10;
+
+/// `message`, cut to [`MAX_MESSAGE_BYTES`] on a character boundary, saying how much was cut.
+fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let total = message.len();
+    let mut cut = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    message.truncate(cut);
+    message.push_str(&format!("… ({} more bytes cut)", total - cut));
+    message
 }
 
 /// Shorthand for results of the service.

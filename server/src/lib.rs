@@ -6,8 +6,11 @@
 //! * [`chunk_id`] is the codec of the opaque chunk ids inside tickets.
 //! * [`chunks`] decodes chunks once and keeps them in the segment store (or RAM).
 //! * [`flight`] is the Arrow Flight service speaking the biopb tensor protocol.
-//! * [`daemon`] and [`config`] run it as a long-lived process.
+//! * [`catalog`] answers SQL over the `sources` and `tensors` tables (DataFusion).
+//! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate.
+//! * [`metrics`] exports Prometheus metrics; [`warm`] fills a server's cache ahead of readers.
 
+pub mod catalog;
 pub mod chunk_id;
 pub mod chunks;
 pub mod config;
@@ -15,4 +18,7 @@ pub mod daemon;
 pub mod error;
 pub mod flight;
 pub mod grid;
+pub mod metrics;
 pub mod source;
+pub mod tls;
+pub mod warm;

@@ -1,8 +1,8 @@
 //! `tessera`: the Tessera daemon and its command-line tools.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
-use tessera_server::config::{ServeArgs, ServeConfig};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
+use tessera_server::config::{LogFormat, ServeArgs, ServeConfig};
 use tessera_server::daemon::Daemon;
 use tracing_subscriber::EnvFilter;
 
@@ -11,25 +11,11 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(name = "tessera", version, about)]
 struct Cli {
-    /// Log line format.
-    #[arg(
-        long,
-        global = true,
-        env = "TESSERA_LOG_FORMAT",
-        value_enum,
-        default_value = "text"
-    )]
-    log_format: LogFormat,
+    /// Log line format [default: the config file's `log_format`, else text].
+    #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum)]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -41,14 +27,48 @@ enum Command {
     Serve(ServeArgs),
     /// Read a tensor (or a region of it) into a .npy file numpy reads back exactly.
     ///
-    /// On a loopback server chunks are mapped from the server's segment files (nothing
-    /// crosses the socket but the plan); elsewhere they stream over do_get.
-    /// Example: `tessera get grpc://127.0.0.1:8815 zstack --region 0:4,:,100: -o z.npy`.
+    /// On a loopback server chunks are mapped from the server's segment files
+    /// (zero copies through the socket); elsewhere they stream over do_get.
     Get(GetArgs),
-    /// List the tensors a server serves (id, shape, dtype, chunk shape, axis labels).
+    /// List the tensors a server serves.
     Ls(RemoteArgs),
-    /// Print a server's chunk cache counters (hits, misses, bytes, evictions, segments).
+    /// Print a server's chunk cache counters.
     Stats(RemoteArgs),
+    /// Fill a server's chunk cache with whole arrays, ahead of readers.
+    ///
+    /// Every chunk goes through `chunk_locate` (decoded and written to the file cache if
+    /// cold); a progress line is drawn on a terminal and a summary printed at the end.
+    Warm(WarmArgs),
+    /// Work with config files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// Arguments of `tessera warm`.
+#[derive(clap::Args)]
+struct WarmArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// Array ids to warm, whole.
+    #[arg(required = true)]
+    array_ids: Vec<String>,
+    /// PEM CA certificate to check a grpcs:// server against.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Chunks warmed at once.
+    #[arg(long, default_value_t = tessera_server::warm::DEFAULT_CONCURRENCY)]
+    concurrency: usize,
+}
+
+/// `tessera config ...`.
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate FILE and print the effective configuration (FILE with `TESSERA_*`
+    /// environment variables applied over it, defaults filled in, token redacted).
+    Check {
+        /// The TOML config file.
+        file: std::path::PathBuf,
+    },
 }
 
 /// Where a server is and how to authenticate to it.
@@ -56,7 +76,7 @@ enum Command {
 struct RemoteArgs {
     /// Server location, e.g. grpc://127.0.0.1:8815.
     location: String,
-    /// Bearer token, when the server requires one.
+    /// Bearer token, if the server requires one.
     #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -66,15 +86,15 @@ struct RemoteArgs {
 struct GetArgs {
     #[command(flatten)]
     remote: RemoteArgs,
-    /// The array id to read (see `tessera ls`).
+    /// The array id to read.
     array_id: String,
-    /// Region to read, numpy-like per axis, e.g. `0:10,:,100:` (default: the whole tensor).
+    /// Region to read, numpy-like per axis: `0:10,:,100:`.
     #[arg(long)]
     region: Option<String>,
     /// Output .npy path.
     #[arg(short, long)]
     output: std::path::PathBuf,
-    /// Never map segment files; fetch every chunk over the socket (do_get).
+    /// Never map segment files; fetch every chunk over the socket.
     #[arg(long)]
     no_mmap: bool,
 }
@@ -117,10 +137,13 @@ async fn stop_signal() {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging(cli.log_format.unwrap_or_default());
+    }
     match cli.command {
         Command::Serve(args) => {
             let config = ServeConfig::resolve(args).context("invalid configuration")?;
+            init_logging(cli.log_format.unwrap_or(config.log_format));
             if config.paths.is_empty() {
                 tracing::warn!("no sources given: pass .npy files or directories to serve");
             }
@@ -153,6 +176,39 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("cannot read cache stats")?;
             print!("{text}");
+        }
+        Command::Warm(args) => {
+            let remote = tessera_server::warm::Remote {
+                location: args.remote.location,
+                token: args.remote.token,
+                tls_ca: args.tls_ca,
+            };
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let summary =
+                tessera_server::warm::warm(&remote, &args.array_ids, args.concurrency, progress)
+                    .await
+                    .context("cannot warm the cache")?;
+            println!("{summary}");
+        }
+        Command::Config(ConfigCommand::Check { file }) => {
+            // Flags of `serve` are absent here, so its environment variables apply as they would.
+            let matches = ServeArgs::augment_args(clap::Command::new("serve"))
+                .try_get_matches_from(["serve"])?;
+            let mut args = ServeArgs::from_arg_matches(&matches)?;
+            args.config = Some(file.clone());
+            let mut config = ServeConfig::resolve(args)
+                .with_context(|| format!("{} is not a valid configuration", file.display()))?;
+            if let Some(format) = cli.log_format {
+                config.log_format = format;
+            }
+            for path in config.paths.iter().filter(|p| !p.exists()) {
+                eprintln!("warning: source {} does not exist (yet)", path.display());
+            }
+            print!(
+                "# effective configuration of {}\n{}",
+                file.display(),
+                tessera_server::config::effective::render(&config)
+            );
         }
     }
     Ok(())

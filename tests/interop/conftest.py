@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"listening on (grpc://[0-9.:]+)")
+LISTENING = re.compile(r"listening on (grpcs?://[0-9.:]+)")
 
 
 def tessera_bin() -> str:

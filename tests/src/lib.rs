@@ -3,6 +3,9 @@
 //! configured for 64 MiB chunks and helpers to write `.npy` files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod located;
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -24,6 +27,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The cache directory (removed when the server is dropped).
     pub cache_dir: tempfile::TempDir,
+    /// The `/metrics` address, when the configuration asked for one.
+    pub metrics_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -48,6 +53,7 @@ impl TestServer {
         configure(&mut config);
         let daemon = Daemon::bind(&config).await.expect("server starts");
         let addr = daemon.local_addr().unwrap();
+        let metrics_addr = daemon.metrics_addr();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             daemon
@@ -60,6 +66,7 @@ impl TestServer {
         TestServer {
             addr,
             cache_dir,
+            metrics_addr,
             stop: Some(stop),
             task: Some(task),
         }
@@ -99,6 +106,17 @@ impl TestServer {
         if let Some(task) = self.task.take() {
             task.await.unwrap();
         }
+    }
+}
+
+impl TestServer {
+    /// Stops the server (sealing its segments) and hands over its cache directory, which
+    /// would otherwise be deleted with the server, for inspection after the stop.
+    pub async fn stop_keeping_cache(mut self) -> tempfile::TempDir {
+        let placeholder = tempfile::tempdir().unwrap();
+        let cache = std::mem::replace(&mut self.cache_dir, placeholder);
+        self.stop().await;
+        cache
     }
 }
 

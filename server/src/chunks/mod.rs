@@ -231,9 +231,13 @@ impl ChunkService {
                         ServiceError::Unavailable("the server is shutting down".to_string())
                     })?;
                     let worker = service.clone();
-                    let result =
-                        tokio::task::spawn_blocking(move || worker.decode_and_store(&tensor, &id))
-                            .await;
+                    let result = tokio::task::spawn_blocking(move || {
+                        let started = std::time::Instant::now();
+                        let result = worker.decode_and_store(&tensor, &id);
+                        crate::metrics::global().record_decode(started.elapsed());
+                        result
+                    })
+                    .await;
                     drop(permit);
                     result.map_err(|e| {
                         ServiceError::Internal(format!("chunk decode task failed: {e}"))
@@ -276,8 +280,10 @@ impl ChunkService {
             // One copy: source pages to segment pages inside the kernel. The source is
             // checked unchanged after the copy and before the entry is committed, so bytes
             // of a file modified during the copy are never served under the old id.
+            let started = std::time::Instant::now();
             let appended =
                 store.append_from_file_checked(&key, &meta, src, || tensor.file.check_unchanged());
+            crate::metrics::global().record_write(started.elapsed());
             match appended {
                 Ok(Ok(_)) => {
                     self.note_append_ok();
@@ -308,7 +314,10 @@ impl ChunkService {
         if let Backend::File(store) = &self.backend
             && try_append
         {
-            match store.append(&key, &meta, &[buffer.as_slice()]) {
+            let started = std::time::Instant::now();
+            let appended = store.append(&key, &meta, &[buffer.as_slice()]);
+            crate::metrics::global().record_write(started.elapsed());
+            match appended {
                 Ok(_) => {
                     self.note_append_ok();
                     return Ok(Materialized::Stored);

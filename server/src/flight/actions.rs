@@ -54,8 +54,8 @@ fn health(state: &ServiceState) -> Health {
         uptime_seconds: state.started.elapsed().as_secs_f64(),
         writable: false,
         metadata_db_enabled: false,
-        full_scan_in_progress: false,
-        last_full_scan_finished_at: None,
+        full_scan_in_progress: state.scan.in_progress(),
+        last_full_scan_finished_at: state.scan.last_finished_at(),
         server: SERVER_NAME.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         external_location: None,
@@ -75,12 +75,15 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
     };
     let (tensor, id) = state.resolve_chunk(&chunk_id)?;
     Ok(match state.chunks.locate(&tensor, &id).await? {
-        Ok(location) => ChunkLocateReply::located(
-            location.segment_path.display().to_string(),
-            location.byte_offset,
-            location.byte_length,
-            location.generation_id,
-        ),
+        Ok(location) => {
+            crate::metrics::global().record_located_bytes(location.byte_length);
+            ChunkLocateReply::located(
+                location.segment_path.display().to_string(),
+                location.byte_offset,
+                location.byte_length,
+                location.generation_id,
+            )
+        }
         Err(reason) => ChunkLocateReply::unavailable(reason),
     })
 }

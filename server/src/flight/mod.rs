@@ -28,10 +28,9 @@ use std::time::Instant;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
-    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
     flight_descriptor::DescriptorType,
 };
-use arrow_ipc::writer::IpcWriteOptions;
 use futures::Stream;
 use parking_lot::RwLock;
 use prost::Message;
@@ -39,10 +38,12 @@ use tessera_proto::pb::TensorReadOption;
 use tessera_proto::ticket::{TicketPayload, decode_flight_request, decode_ticket};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunk_id::ChunkId;
 use crate::chunks::ChunkService;
 use crate::error::{ServiceError, ServiceResult};
-use crate::source::registry::{OpenOptions, Registry, Tensor};
+use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
+use crate::source::watch::ScanStatus;
 
 /// A boxed response stream.
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -53,6 +54,8 @@ pub struct ServiceState {
     open_options: OpenOptions,
     chunks: Arc<ChunkService>,
     started: Instant,
+    scan: ScanStatus,
+    catalog: Catalog,
 }
 
 impl ServiceState {
@@ -63,7 +66,50 @@ impl ServiceState {
             open_options,
             chunks,
             started: Instant::now(),
+            scan: ScanStatus::default(),
+            catalog: Catalog::new(CatalogLimits::default()),
         }
+    }
+
+    /// Whether the sources are being rescanned and when the last scan finished.
+    pub fn scan_status(&self) -> &ScanStatus {
+        &self.scan
+    }
+
+    /// A copy of the registry (cheap: tensors are shared), for a rescan to compare against.
+    pub fn registry_snapshot(&self) -> Registry {
+        self.registry.read().clone()
+    }
+
+    /// Swaps in a rescanned registry.
+    pub fn replace_registry(&self, registry: Registry) {
+        *self.registry.write() = registry;
+    }
+
+    /// The registry as the SQL catalog shows it, after reopening any served source
+    /// whose file changed on disk (one `stat` per source).
+    pub fn catalog_snapshot(&self) -> catalog::Snapshot {
+        let stale: Vec<String> = self
+            .registry
+            .read()
+            .tensors()
+            .filter(|t| t.file.check_unchanged().is_err())
+            .map(|t| t.array_id.clone())
+            .collect();
+        for array_id in stale {
+            // A source that no longer opens moves to the refused list; that is
+            // what the catalog should show, so the error needs no other handling.
+            if let Err(err) = self.resolve(&array_id) {
+                tracing::debug!(%array_id, %err, "changed source refused on reopen");
+            }
+        }
+        catalog::Snapshot::of(&self.registry.read())
+    }
+
+    /// Runs a catalog SQL query over the current registry.
+    pub async fn catalog_query(&self, sql: &str) -> ServiceResult<catalog::QueryAnswer> {
+        let snapshot = self.catalog_snapshot();
+        Ok(self.catalog.query(&snapshot, sql).await?)
     }
 
     /// The chunk service (for shutdown).
@@ -88,13 +134,14 @@ impl ServiceState {
             match registry.get(source_id) {
                 Some(t) => t.clone(),
                 None => {
-                    return Err(match registry.refused_source(source_id) {
-                        Some(refused) => ServiceError::InvalidArgument(format!(
-                            "source '{source_id}' is not served: {}",
-                            refused.reason
-                        )),
-                        None => ServiceError::UnknownSource(array_id.to_string()),
-                    });
+                    let Some(refused) = registry.refused_source(source_id) else {
+                        return Err(ServiceError::UnknownSource(array_id.to_string()));
+                    };
+                    let refused = refused.clone();
+                    let changed =
+                        identity_at(&refused.path) != registry.refused_identity(source_id);
+                    drop(registry);
+                    self.retry_refused(refused, changed)?
                 }
             }
         };
@@ -109,6 +156,37 @@ impl ServiceState {
             return Ok(tensor);
         }
         self.reopen(&tensor)
+    }
+
+    /// A refused source: opened again when its file changed since it was refused (fixed or
+    /// restored), else refused with its reason. A source refused when it was first opened
+    /// is bad input (`InvalidArgument`); one that broke after being served is `Unavailable`.
+    fn retry_refused(&self, refused: Refused, changed: bool) -> ServiceResult<Arc<Tensor>> {
+        let id = refused.source_id.clone();
+        let refused = if changed {
+            let mut registry = self.registry.write();
+            registry.reopen(&id, &refused.path, &self.open_options);
+            match registry.get(&id) {
+                Some(t) => {
+                    tracing::info!(source_id = %id, path = %refused.path.display(), "refused source readable again");
+                    return Ok(t.clone());
+                }
+                None => registry.refused_source(&id).cloned().unwrap_or(refused),
+            }
+        } else {
+            refused
+        };
+        Err(if refused.after_change {
+            ServiceError::Unavailable(format!(
+                "source '{id}' changed on disk and can no longer be read: {}",
+                refused.reason
+            ))
+        } else {
+            ServiceError::InvalidArgument(format!(
+                "source '{id}' is not served: {}",
+                refused.reason
+            ))
+        })
     }
 
     fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
@@ -177,6 +255,7 @@ impl TesseraFlight {
     async fn do_get_chunk(&self, chunk_id: &[u8]) -> ServiceResult<Vec<FlightData>> {
         let (tensor, id) = self.state.resolve_chunk(chunk_id)?;
         let chunk = self.state.chunks.encoded(&tensor, &id).await?;
+        crate::metrics::global().record_do_get_bytes(chunk.len() as u64);
         let schema = FlightData::new().with_data_header(self.state.chunks.schema_header());
         let batch = FlightData::new()
             .with_data_header(chunk.header)
@@ -200,6 +279,9 @@ impl TesseraFlight {
                         descriptor.path
                     )));
                 };
+                if let Some(info) = catalog::wire::table_flight_info(name)? {
+                    return Ok(info);
+                }
                 let tensor = self.state.resolve(name)?;
                 let request = TensorReadOption {
                     array_id: name.clone(),
@@ -242,7 +324,8 @@ impl FlightService for TesseraFlight {
         _request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let tensors: Vec<Arc<Tensor>> = self.state.registry.read().tensors().cloned().collect();
-        let mut infos = Vec::with_capacity(tensors.len());
+        let mut infos = catalog::wire::table_flight_infos()?;
+        infos.reserve(tensors.len());
         for tensor in tensors {
             let request = TensorReadOption {
                 array_id: tensor.array_id.clone(),
@@ -277,14 +360,12 @@ impl FlightService for TesseraFlight {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        self.plan_descriptor(request.get_ref())?;
-        let schema = tessera_proto::schema::plan_schema();
-        let result: SchemaResult = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e: arrow_schema::ArrowError| {
-                ServiceError::Internal(format!("encoding schema: {e}"))
-            })?;
-        Ok(Response::new(result))
+        // The plan's schema (a catalog table's for `["sources"]`/`["tensors"]`),
+        // already in the IPC form GetSchema returns.
+        let info = self.plan_descriptor(request.get_ref())?;
+        Ok(Response::new(SchemaResult {
+            schema: info.schema,
+        }))
     }
 
     async fn do_get(
@@ -298,10 +379,10 @@ impl FlightService for TesseraFlight {
             TicketPayload::ChunkId(chunk_id) => {
                 Ok(Response::new(once(self.do_get_chunk(&chunk_id).await?)))
             }
-            TicketPayload::CatalogQuery(_) => Err(ServiceError::Catalog(
-                "this server has no SQL catalog yet; list tensors with ListFlights".to_string(),
-            )
-            .into()),
+            TicketPayload::CatalogQuery(sql) => {
+                let answer = self.state.catalog_query(&sql).await?;
+                Ok(Response::new(Box::pin(catalog::wire::flight_data(answer))))
+            }
             TicketPayload::Other(arm) => Err(ServiceError::Unsupported(format!(
                 "ticket kind '{arm}' is not served by Tessera"
             ))

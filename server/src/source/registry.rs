@@ -9,8 +9,16 @@
 //! Files are visited in sorted path order; when two files map to the same id the
 //! later one gets `-2`, `-3`, … appended, and the collision is logged.
 //!
-//! A file that fails to open (bad header, truncated, unsupported dtype) is kept
-//! as a *refused* source with its reason, logged, and never stops the others.
+//! A configured path may carry an id alias: a file is then served under that id,
+//! and the files of a directory under `alias.` followed by their usual id.
+//!
+//! A file that fails to open (bad header, truncated, unsupported dtype, axis
+//! labels of the wrong rank) is kept as a *refused* source with its reason,
+//! logged, and never stops the others.
+//!
+//! Scanning is two steps, so the directory watcher can rescan cheaply:
+//! [`Discovery::run`] lists files and assigns ids (no opening, no logging), then
+//! [`Registry::rebuild`] opens what is new or changed and keeps what is not.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -18,7 +26,7 @@ use std::sync::Arc;
 
 use crate::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, default_dim_labels};
-use crate::source::npy::{Limits, NpyFile};
+use crate::source::npy::{FileIdentity, Limits, NpyFile};
 
 /// One served tensor: an opened `.npy` file with its chunk grid.
 #[derive(Debug)]
@@ -63,13 +71,49 @@ pub struct Refused {
     pub path: PathBuf,
     /// Why it was refused.
     pub reason: String,
+    /// It was served until its file changed on disk into something unreadable (a request
+    /// or a rescan reopened it), as opposed to refused when first opened.
+    pub after_change: bool,
 }
 
-/// The sources of one server, keyed by id.
-#[derive(Debug, Default)]
+/// The sources of one server, keyed by id. Cloning is cheap: tensors are shared.
+#[derive(Clone, Debug, Default)]
 pub struct Registry {
     tensors: BTreeMap<String, Arc<Tensor>>,
     refused: BTreeMap<String, Refused>,
+    /// Configured axis labels by id, so a reopen keeps them.
+    label_overrides: BTreeMap<String, Vec<String>>,
+    /// Identity of each refused file when it was refused: a rebuild retries it
+    /// only once this changes.
+    refused_identities: BTreeMap<String, FileIdentity>,
+}
+
+/// How one configured path is served.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceOptions {
+    /// For a file, the id it is served under; for a directory, the prefix of the
+    /// ids of the files in it (`alias.sub.name`).
+    pub id: Option<String>,
+    /// Axis labels replacing the defaults; a tensor of another rank is refused.
+    pub dim_labels: Option<Vec<String>>,
+}
+
+/// A configured path (a `.npy` file or a directory scanned recursively) and its options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceSpec {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// Id alias and axis labels.
+    pub options: SourceOptions,
+}
+
+impl From<PathBuf> for SourceSpec {
+    fn from(path: PathBuf) -> Self {
+        SourceSpec {
+            path,
+            options: SourceOptions::default(),
+        }
+    }
 }
 
 /// How to open sources.
@@ -82,40 +126,165 @@ pub struct OpenOptions {
 }
 
 /// A candidate file with the id it should get.
+#[derive(Debug)]
 struct Candidate {
+    /// The id before collision suffixes.
+    base: String,
+    /// The unique id.
     id: String,
     path: PathBuf,
+    dim_labels: Option<Vec<String>>,
+}
+
+/// The `.npy` files found under the configured paths, with the ids they get.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    candidates: Vec<Candidate>,
+    /// Configured paths or subdirectories that could not be listed, with the cause.
+    pub problems: Vec<String>,
+}
+
+impl Discovery {
+    /// Lists the `.npy` files of `sources` (directories recursively, in sorted order)
+    /// and assigns their ids. Opens no file and logs nothing.
+    pub fn run(sources: &[SourceSpec]) -> Discovery {
+        let mut found = Discovery::default();
+        let mut raw = Vec::new();
+        for spec in sources {
+            if let Err(err) = collect(spec, &mut raw, &mut found.problems) {
+                found
+                    .problems
+                    .push(format!("{}: cannot be scanned: {err}", spec.path.display()));
+            }
+        }
+        let mut taken: HashMap<String, u32> = HashMap::new();
+        for mut candidate in raw {
+            candidate.id = unique_id(&candidate.base, &mut taken);
+            found.candidates.push(candidate);
+        }
+        found
+    }
+
+    /// The files found, in id order of assignment.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.candidates.iter().map(|c| c.path.as_path())
+    }
 }
 
 impl Registry {
-    /// Scans `paths` (files or directories, recursively) and opens every `.npy` found.
+    /// Scans `sources` (files or directories, recursively) and opens every `.npy` found.
     ///
     /// Paths that do not exist or cannot be listed are returned as errors in the
     /// second element and logged; they never prevent the others from serving.
-    pub fn scan(paths: &[PathBuf], options: &OpenOptions) -> (Registry, Vec<String>) {
-        let mut problems = Vec::new();
-        let mut candidates = Vec::new();
-        for path in paths {
-            match collect(path, &mut candidates) {
-                Ok(()) => {}
-                Err(err) => {
-                    let msg = format!("{}: cannot be scanned: {err}", path.display());
-                    tracing::warn!("{msg}");
-                    problems.push(msg);
-                }
-            }
+    pub fn scan(sources: &[SourceSpec], options: &OpenOptions) -> (Registry, Vec<String>) {
+        let found = Discovery::run(sources);
+        for problem in &found.problems {
+            tracing::warn!("{problem}");
         }
-        let mut registry = Registry::default();
-        let mut taken: HashMap<String, u32> = HashMap::new();
-        for candidate in candidates {
-            let id = unique_id(&candidate.id, &mut taken, &candidate.path);
-            registry.open_one(id, candidate.path, options);
-        }
-        (registry, problems)
+        let registry = Registry::default().rebuild(&found, |_| false, options);
+        (registry, found.problems)
     }
 
-    fn open_one(&mut self, id: String, path: PathBuf, options: &OpenOptions) {
-        match open_tensor(&id, &path, options) {
+    /// The registry for what `found` lists. Entries of `self` whose file is unchanged
+    /// are kept as they are (not reopened, not logged again); new and changed files are
+    /// opened. A file for which `unsettled` is true (still being written) keeps its
+    /// previous entry, or waits for a later rebuild if it had none. Sources that are
+    /// gone are dropped with one log line each.
+    pub fn rebuild(
+        &self,
+        found: &Discovery,
+        unsettled: impl Fn(&Path) -> bool,
+        options: &OpenOptions,
+    ) -> Registry {
+        let mut next = Registry::default();
+        for candidate in &found.candidates {
+            let id = &candidate.id;
+            let same_path = |p: &Path| p == candidate.path;
+            let tensor = self.tensors.get(id).filter(|t| same_path(t.file.path()));
+            let refused = self.refused.get(id).filter(|r| same_path(&r.path));
+            if unsettled(&candidate.path) {
+                next.carry(
+                    id,
+                    tensor,
+                    refused,
+                    self.label_overrides.get(id),
+                    self.refused_identity(id),
+                );
+                continue;
+            }
+            let labels_same = self.label_overrides.get(id) == candidate.dim_labels.as_ref();
+            let tensor = tensor.filter(|t| labels_same && t.file.check_unchanged().is_ok());
+            let refused = refused.filter(|r| {
+                labels_same
+                    && self
+                        .refused_identity(id)
+                        .is_some_and(|held| Some(held) == identity_at(&r.path))
+            });
+            if tensor.is_some() || refused.is_some() {
+                next.carry(
+                    id,
+                    tensor,
+                    refused,
+                    candidate.dim_labels.as_ref(),
+                    self.refused_identity(id),
+                );
+                continue;
+            }
+            if candidate.id != candidate.base {
+                tracing::warn!(path = %candidate.path.display(), base = %candidate.base, %id, "source id collision resolved");
+            }
+            next.open_one(
+                id.clone(),
+                candidate.path.clone(),
+                candidate.dim_labels.clone(),
+                options,
+            );
+        }
+        for (id, tensor) in &self.tensors {
+            let path = tensor.file.path();
+            if !next.tensors.contains_key(id) && !found.paths().any(|p| p == path) {
+                tracing::info!(source_id = %id, path = %path.display(), "source removed");
+            }
+        }
+        next
+    }
+
+    /// Copies one previous entry into `self` unchanged.
+    fn carry(
+        &mut self,
+        id: &str,
+        tensor: Option<&Arc<Tensor>>,
+        refused: Option<&Refused>,
+        labels: Option<&Vec<String>>,
+        previous_identity: Option<FileIdentity>,
+    ) {
+        if let Some(tensor) = tensor {
+            self.tensors.insert(id.to_string(), tensor.clone());
+        } else if let Some(refused) = refused {
+            self.refused.insert(id.to_string(), refused.clone());
+            if let Some(identity) = previous_identity {
+                self.refused_identities.insert(id.to_string(), identity);
+            }
+        } else {
+            return;
+        }
+        if let Some(labels) = labels {
+            self.label_overrides.insert(id.to_string(), labels.clone());
+        }
+    }
+
+    fn open_one(
+        &mut self,
+        id: String,
+        path: PathBuf,
+        labels: Option<Vec<String>>,
+        options: &OpenOptions,
+    ) {
+        let result = open_tensor(&id, &path, labels.as_deref(), options);
+        if let Some(labels) = labels {
+            self.label_overrides.insert(id.clone(), labels);
+        }
+        match result {
             Ok(tensor) => {
                 tracing::info!(
                     source_id = %id,
@@ -129,23 +298,33 @@ impl Registry {
             }
             Err(reason) => {
                 tracing::warn!(source_id = %id, path = %path.display(), %reason, "source refused");
+                if let Some(identity) = identity_at(&path) {
+                    self.refused_identities.insert(id.clone(), identity);
+                }
                 self.refused.insert(
                     id.clone(),
                     Refused {
                         source_id: id,
                         path,
                         reason,
+                        after_change: false,
                     },
                 );
             }
         }
     }
 
-    /// Opens `path` again under `id`, replacing what was served (or refused) there.
+    /// Opens `path` again under `id`, replacing what was served (or refused) there;
+    /// configured axis labels are kept.
     pub fn reopen(&mut self, id: &str, path: &Path, options: &OpenOptions) {
-        self.tensors.remove(id);
-        self.refused.remove(id);
-        self.open_one(id.to_string(), path.to_path_buf(), options);
+        let was_served = self.tensors.remove(id).is_some();
+        let broke_before = self.refused.remove(id).is_some_and(|r| r.after_change);
+        self.refused_identities.remove(id);
+        let labels = self.label_overrides.remove(id);
+        self.open_one(id.to_string(), path.to_path_buf(), labels, options);
+        if let Some(refused) = self.refused.get_mut(id) {
+            refused.after_change = was_served || broke_before;
+        }
     }
 
     /// The tensor with this exact array id or source id.
@@ -168,6 +347,11 @@ impl Registry {
         self.refused.get(id)
     }
 
+    /// The identity a refused file had when it was refused, if it could be stat'ed.
+    pub fn refused_identity(&self, id: &str) -> Option<FileIdentity> {
+        self.refused_identities.get(id).copied()
+    }
+
     /// How many sources are served.
     pub fn len(&self) -> usize {
         self.tensors.len()
@@ -179,7 +363,27 @@ impl Registry {
     }
 }
 
-fn open_tensor(id: &str, path: &Path, options: &OpenOptions) -> Result<Tensor, String> {
+/// Device, inode, size and mtime of the file at `path` now, or `None` if it cannot be stat'ed.
+pub fn identity_at(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(FileIdentity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        size: meta.size(),
+        mtime_ns: meta
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec()),
+    })
+}
+
+fn open_tensor(
+    id: &str,
+    path: &Path,
+    labels: Option<&[String]>,
+    options: &OpenOptions,
+) -> Result<Tensor, String> {
     let file = NpyFile::open(path, &options.limits).map_err(|e| e.to_string())?;
     let header = file.header();
     let grid = ChunkGrid::plan(
@@ -196,7 +400,18 @@ fn open_tensor(id: &str, path: &Path, options: &OpenOptions) -> Result<Tensor, S
         size: identity.size,
         mtime_ns: identity.mtime_ns,
     };
-    let dim_labels = default_dim_labels(header.shape.len());
+    let rank = header.shape.len();
+    let dim_labels = match labels {
+        None => default_dim_labels(rank),
+        Some(labels) if labels.len() == rank => labels.to_vec(),
+        Some(labels) => {
+            return Err(format!(
+                "{}: configured dim_labels {labels:?} name {} axes, but the tensor has {rank}",
+                path.display(),
+                labels.len()
+            ));
+        }
+    };
     Ok(Tensor {
         array_id: id.to_string(),
         source_id: id.to_string(),
@@ -207,8 +422,16 @@ fn open_tensor(id: &str, path: &Path, options: &OpenOptions) -> Result<Tensor, S
     })
 }
 
-/// Adds `path` (a file, or a directory scanned recursively) to `out` in sorted order.
-fn collect(path: &Path, out: &mut Vec<Candidate>) -> std::io::Result<()> {
+/// Adds the spec's file, or the files of its directory (recursively), to `out` in
+/// sorted order; unreadable subdirectories are noted in `problems` and skipped.
+fn collect(
+    spec: &SourceSpec,
+    out: &mut Vec<Candidate>,
+    problems: &mut Vec<String>,
+) -> std::io::Result<()> {
+    let path = spec.path.as_path();
+    let alias = spec.options.id.as_deref();
+    let labels = &spec.options.dim_labels;
     let meta = std::fs::metadata(path)?;
     if meta.is_file() {
         let stem = path
@@ -216,13 +439,15 @@ fn collect(path: &Path, out: &mut Vec<Candidate>) -> std::io::Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         out.push(Candidate {
-            id: sanitize(&stem),
+            base: sanitize(alias.unwrap_or(&stem)),
+            id: String::new(),
             path: absolute(path),
+            dim_labels: labels.clone(),
         });
         return Ok(());
     }
     let mut found = Vec::new();
-    walk(path, &mut found)?;
+    walk(path, &mut found, problems)?;
     found.sort();
     for file in found {
         let rel = file.strip_prefix(path).unwrap_or(&file);
@@ -235,23 +460,28 @@ fn collect(path: &Path, out: &mut Vec<Candidate>) -> std::io::Result<()> {
         {
             *last = stripped.to_string();
         }
+        if let Some(alias) = alias {
+            parts.insert(0, alias.to_string());
+        }
         out.push(Candidate {
-            id: sanitize(&parts.join(".")),
+            base: sanitize(&parts.join(".")),
+            id: String::new(),
             path: absolute(&file),
+            dim_labels: labels.clone(),
         });
     }
     Ok(())
 }
 
-/// Recursively lists `.npy` files under `dir`; unreadable subdirectories are logged and skipped.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+/// Recursively lists `.npy` files under `dir`; unreadable subdirectories are noted and skipped.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, problems: &mut Vec<String>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         let kind = entry.file_type()?;
         if kind.is_dir() {
-            if let Err(err) = walk(&path, out) {
-                tracing::warn!(path = %path.display(), %err, "directory skipped");
+            if let Err(err) = walk(&path, out, problems) {
+                problems.push(format!("{}: directory skipped: {err}", path.display()));
             }
         } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file())
         {
@@ -280,23 +510,113 @@ pub fn sanitize(raw: &str) -> String {
     if id.is_empty() { "_".to_string() } else { id }
 }
 
-fn unique_id(base: &str, taken: &mut HashMap<String, u32>, path: &Path) -> String {
+fn unique_id(base: &str, taken: &mut HashMap<String, u32>) -> String {
     let mut id = base.to_string();
     let mut n = 1;
     while taken.contains_key(&id) {
         n += 1;
         id = format!("{base}-{n}");
     }
-    if n > 1 {
-        tracing::warn!(path = %path.display(), %base, %id, "source id collision resolved");
-    }
     taken.insert(id.clone(), n);
     id
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Writes a `|u1` C-order `.npy` of `shape` holding `values`.
+    pub(crate) fn npy(path: &Path, shape: &[usize], values: &[u8]) {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        let shape = match dims.as_slice() {
+            [one] => format!("({one},)"),
+            _ => format!("({})", dims.join(", ")),
+        };
+        let mut header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': {shape}, }}");
+        let total = 10 + header.len() + 1;
+        header.push_str(&" ".repeat((64 - total % 64) % 64));
+        header.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(values);
+        std::fs::write(path, out).unwrap();
+    }
+
+    fn options() -> OpenOptions {
+        OpenOptions {
+            limits: Limits::default(),
+            target_chunk_bytes: 1 << 20,
+        }
+    }
+
+    fn spec(path: &Path, id: Option<&str>, labels: Option<&[&str]>) -> SourceSpec {
+        SourceSpec {
+            path: path.to_path_buf(),
+            options: SourceOptions {
+                id: id.map(str::to_string),
+                dim_labels: labels.map(|l| l.iter().map(|s| s.to_string()).collect()),
+            },
+        }
+    }
+
+    #[test]
+    fn aliases_name_files_and_prefix_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("plate")).unwrap();
+        npy(&dir.path().join("plate/w1.npy"), &[2, 3], &[0; 6]);
+        npy(&dir.path().join("cells.npy"), &[4], &[1, 2, 3, 4]);
+        let (registry, problems) = Registry::scan(
+            &[
+                spec(&dir.path().join("cells.npy"), Some("alpha"), None),
+                spec(&dir.path().join("plate"), Some("p7"), Some(&["row", "col"])),
+            ],
+            &options(),
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(registry.get("cells").is_none());
+        assert_eq!(registry.get("alpha").unwrap().shape(), [4]);
+        let well = registry.get("p7.w1").unwrap();
+        assert_eq!(well.dim_labels, ["row", "col"]);
+        assert_eq!(well.array_id, "p7.w1");
+    }
+
+    #[test]
+    fn labels_of_the_wrong_rank_refuse_the_source_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.npy");
+        npy(&path, &[2, 3], &[0; 6]);
+        let (mut registry, _) =
+            Registry::scan(&[spec(&path, None, Some(&["z", "y", "x"]))], &options());
+        assert!(registry.get("v").is_none());
+        let reason = &registry.refused_source("v").unwrap().reason;
+        assert!(
+            reason.contains("dim_labels") && reason.contains("has 2"),
+            "{reason}"
+        );
+
+        npy(&path, &[1, 2, 3], &[0; 6]);
+        registry.reopen("v", &path, &options());
+        assert_eq!(registry.get("v").unwrap().dim_labels, ["z", "y", "x"]);
+    }
+
+    #[test]
+    fn refused_files_are_retried_only_when_they_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.npy");
+        std::fs::write(&path, b"not an npy file").unwrap();
+        let specs = [SourceSpec::from(dir.path().to_path_buf())];
+        let (registry, _) = Registry::scan(&specs, &options());
+        assert!(registry.refused_source("bad").is_some());
+        let found = Discovery::run(&specs);
+        let again = registry.rebuild(&found, |_| false, &options());
+        assert!(again.refused_source("bad").is_some());
+
+        npy(&path, &[2], &[7, 8]);
+        let fixed = again.rebuild(&Discovery::run(&specs), |_| false, &options());
+        assert_eq!(fixed.get("bad").unwrap().shape(), [2]);
+    }
 
     #[test]
     fn sanitize_keeps_safe_characters_only() {
@@ -307,9 +627,8 @@ mod tests {
     #[test]
     fn collisions_get_numbered_suffixes() {
         let mut taken = HashMap::new();
-        let p = Path::new("x");
-        assert_eq!(unique_id("a", &mut taken, p), "a");
-        assert_eq!(unique_id("a", &mut taken, p), "a-2");
-        assert_eq!(unique_id("a", &mut taken, p), "a-3");
+        assert_eq!(unique_id("a", &mut taken), "a");
+        assert_eq!(unique_id("a", &mut taken), "a-2");
+        assert_eq!(unique_id("a", &mut taken), "a-3");
     }
 }

@@ -1,0 +1,56 @@
+//! The catalog on the Flight wire: query answers as Arrow IPC `FlightData`, and
+//! the catalog tables as `FlightInfo`s for PATH descriptors and ListFlights.
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use futures::{Stream, StreamExt};
+use tonic::Status;
+
+use super::QueryAnswer;
+use super::tables::{TABLES, table_schema};
+use crate::error::{ServiceError, ServiceResult};
+
+/// The answer as a Flight stream: the schema message (with the row-count
+/// metadata, sent even when there are no rows), then the batches, split by the
+/// encoder into messages of about 2 MiB.
+pub fn flight_data(
+    answer: QueryAnswer,
+) -> impl Stream<Item = Result<FlightData, Status>> + Send + 'static {
+    let batches = futures::stream::iter(answer.batches.into_iter().map(Ok));
+    FlightDataEncoderBuilder::new()
+        .with_schema(answer.schema)
+        .build(batches)
+        .map(|item| {
+            item.map_err(|e| {
+                Status::from(ServiceError::Internal(format!(
+                    "encoding a catalog answer: {e}"
+                )))
+            })
+        })
+}
+
+/// The `FlightInfo` of catalog table `name` (`None` when `name` is not one):
+/// descriptor PATH `[name]`, the table's schema, one endpoint whose ticket runs
+/// `SELECT * FROM <name>`, and unknown totals (-1).
+pub fn table_flight_info(name: &str) -> ServiceResult<Option<FlightInfo>> {
+    let Some(schema) = table_schema(name) else {
+        return Ok(None);
+    };
+    let ticket = tessera_proto::ticket::catalog_ticket(&format!("SELECT * FROM {name}"));
+    let info = FlightInfo::new()
+        .try_with_schema(&schema)
+        .map_err(|e| ServiceError::Internal(format!("encoding the schema of '{name}': {e}")))?
+        .with_descriptor(FlightDescriptor::new_path(vec![name.to_string()]))
+        .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
+        .with_total_records(-1)
+        .with_total_bytes(-1);
+    Ok(Some(info))
+}
+
+/// The `FlightInfo`s of every catalog table, for ListFlights.
+pub fn table_flight_infos() -> ServiceResult<Vec<FlightInfo>> {
+    TABLES
+        .iter()
+        .filter_map(|name| table_flight_info(name).transpose())
+        .collect()
+}

@@ -1,0 +1,167 @@
+//! One catalog query on a thread of its own.
+//!
+//! Untrusted SQL can build very deep expression trees (`1 + 1 + … + 1` parses
+//! without recursion but is planned, printed, compared and dropped recursively),
+//! and overflowing a stack aborts the whole process. So every query is planned,
+//! run and dropped on a dedicated thread with a large stack ([`STACK_BYTES`],
+//! ample for the longest SQL text accepted), driven by a current-thread runtime
+//! that enforces the time bound. This also keeps heavy queries off the Flight
+//! service's runtime workers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_schema::Schema;
+use datafusion::common::DataFusionError;
+use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+
+use super::{CatalogError, CatalogLimits, QueryAnswer, Snapshot, session};
+
+/// Stack of a catalog worker thread. Only the pages a query touches are used.
+const STACK_BYTES: usize = 64 << 20;
+
+/// Everything one query needs, owned so it can move to its thread.
+pub(super) struct Job {
+    /// The registry as the tables show it.
+    pub snapshot: Snapshot,
+    /// The SQL text.
+    pub sql: String,
+    /// The bounds.
+    pub limits: CatalogLimits,
+    /// The catalog's shared memory pool.
+    pub memory: Arc<dyn MemoryPool>,
+}
+
+/// The answer of a worker, delivered once.
+type AnswerRx = oneshot::Receiver<Result<QueryAnswer, CatalogError>>;
+
+/// Starts `job` on a new worker thread that holds `permit` until it ends.
+pub(super) fn spawn(job: Job, permit: OwnedSemaphorePermit) -> Result<AnswerRx, CatalogError> {
+    let (answer_tx, answer_rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("tessera-catalog".to_string())
+        .stack_size(STACK_BYTES)
+        .spawn(move || {
+            let answer = job.run();
+            drop(permit);
+            // If the caller went away (the client cancelled), the answer is dropped.
+            let _ = answer_tx.send(answer);
+        })
+        .map_err(|e| CatalogError::Worker(format!("starting a catalog worker: {e}")))?;
+    Ok(answer_rx)
+}
+
+impl Job {
+    /// Runs the query to completion or to its time bound.
+    fn run(self) -> Result<QueryAnswer, CatalogError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| CatalogError::Worker(format!("starting a catalog runtime: {e}")))?;
+        let timeout = self.limits.timeout;
+        runtime.block_on(async {
+            match tokio::time::timeout(timeout, self.execute()).await {
+                Ok(answer) => answer,
+                Err(_elapsed) => Err(CatalogError::TimedOut(timeout)),
+            }
+        })
+    }
+
+    async fn execute(&self) -> Result<QueryAnswer, CatalogError> {
+        let limits = &self.limits;
+        let runtime = session::runtime(self.memory.clone())?;
+        let ctx = session::context(&runtime, &self.snapshot)?;
+        let frame = ctx
+            .sql_with_options(&self.sql, session::sql_options())
+            .await?;
+        // One row past the bound tells a complete answer from a cut one; the limit
+        // is pushed into the plan, so a huge join stops producing early.
+        let frame = frame.limit(0, Some(limits.max_rows.saturating_add(1)))?;
+        let task = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await?;
+        bound_rows(&plan, self.snapshot.max_table_rows(), limits.max_join_rows)?;
+        let mut stream = execute_stream(plan, task)?;
+        let schema = stream.schema();
+
+        let mut batches = Vec::new();
+        let (mut rows, mut bytes, mut truncated) = (0usize, 0usize, false);
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let size = batch.get_array_memory_size();
+            let mut keep = batch.num_rows().min(limits.max_rows - rows);
+            let room_bytes = limits.max_bytes.saturating_sub(bytes);
+            if size > room_bytes {
+                // Cut in proportion to the bytes left (sizes of slices are not exact).
+                let fit = batch.num_rows() as u128 * room_bytes as u128 / size.max(1) as u128;
+                keep = keep.min(usize::try_from(fit).unwrap_or(usize::MAX));
+            }
+            truncated = keep < batch.num_rows();
+            if keep > 0 {
+                batches.push(batch.slice(0, keep));
+                rows += keep;
+                bytes += size;
+            }
+            if truncated {
+                break;
+            }
+        }
+        drop(stream);
+
+        let mut metadata = HashMap::from([
+            ("returned_rows".to_string(), rows.to_string()),
+            (
+                "truncated".to_string(),
+                if truncated { "True" } else { "False" }.to_string(),
+            ),
+        ]);
+        if !truncated {
+            metadata.insert("total_rows".to_string(), rows.to_string());
+        }
+        let schema = Arc::new(Schema::new_with_metadata(schema.fields().clone(), metadata));
+        let batches = batches
+            .into_iter()
+            .map(|batch| batch.with_schema(schema.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DataFusionError::from)?;
+        Ok(QueryAnswer {
+            schema,
+            batches,
+            returned_rows: rows,
+            truncated,
+        })
+    }
+}
+
+/// Upper bound of the rows `plan` produces, refusing it when a join whose output is the
+/// product of its inputs (a cross join, or a nested loop join: no equality to hash on)
+/// may produce more than `max`. Those operators produce rows without yielding, so no
+/// deadline could stop them once started. A leaf produces at most `leaf_rows` (the
+/// largest catalog table); other operators at most what their inputs do.
+fn bound_rows(
+    plan: &Arc<dyn ExecutionPlan>,
+    leaf_rows: u64,
+    max: u64,
+) -> Result<u128, CatalogError> {
+    let children = plan.children();
+    if children.is_empty() {
+        return Ok(u128::from(leaf_rows.max(1)));
+    }
+    let inputs = children
+        .into_iter()
+        .map(|child| bound_rows(child, leaf_rows, max))
+        .collect::<Result<Vec<u128>, _>>()?;
+    Ok(match plan.name() {
+        "CrossJoinExec" | "NestedLoopJoinExec" => {
+            let estimated = inputs.iter().fold(1u128, |acc, n| acc.saturating_mul(*n));
+            if estimated > u128::from(max) {
+                return Err(CatalogError::TooExpensive { estimated, max });
+            }
+            estimated
+        }
+        "UnionExec" | "InterleaveExec" => inputs.iter().sum(),
+        _ => inputs.into_iter().max().unwrap_or(1),
+    })
+}

@@ -1,0 +1,155 @@
+//! `tessera config check`: the effective configuration, printed as a config file.
+//!
+//! The output uses the config file's own keys, so it can be saved and served as
+//! is, except for the token, which is never printed.
+
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use super::{CacheKind, LogFormat, ServeConfig};
+
+/// What is printed instead of the token.
+pub const REDACTED: &str = "<redacted>";
+
+/// `8388608` → `8MiB`: the largest binary unit that divides `bytes` exactly.
+pub fn size_string(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// `2s`, `500ms`: a duration as the config file writes it.
+pub fn duration_string(duration: Duration) -> String {
+    if duration.subsec_millis() == 0 && duration.subsec_nanos() == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}ms", duration.as_millis())
+    }
+}
+
+fn path_value(path: &std::path::Path) -> Value {
+    Value::String(path.display().to_string())
+}
+
+/// The effective configuration as TOML, token redacted.
+pub fn render(config: &ServeConfig) -> String {
+    let mut top = Table::new();
+    top.insert("listen".into(), Value::String(config.listen.to_string()));
+    if config.token.is_some() {
+        top.insert("token".into(), Value::String(REDACTED.into()));
+    }
+    top.insert(
+        "chunk_target".into(),
+        Value::String(size_string(config.chunk_target)),
+    );
+    top.insert("watch".into(), Value::Boolean(config.watch));
+    top.insert(
+        "watch_interval".into(),
+        Value::String(duration_string(config.watch_interval)),
+    );
+    if let Some(addr) = config.metrics_listen {
+        top.insert("metrics_listen".into(), Value::String(addr.to_string()));
+    }
+    let log_format = match config.log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    top.insert("log_format".into(), Value::String(log_format.into()));
+
+    let mut cache = Table::new();
+    let kind = match config.cache {
+        CacheKind::File => "file",
+        CacheKind::Memory => "memory",
+    };
+    cache.insert("kind".into(), Value::String(kind.into()));
+    cache.insert("dir".into(), path_value(&config.cache_dir));
+    cache.insert(
+        "max_bytes".into(),
+        Value::String(size_string(config.cache_max_bytes)),
+    );
+    cache.insert(
+        "allow_network".into(),
+        Value::Boolean(config.allow_network_cache),
+    );
+    cache.insert(
+        "group_readable".into(),
+        Value::Boolean(config.cache_group_readable),
+    );
+    top.insert("cache".into(), Value::Table(cache));
+
+    if let Some(tls) = &config.tls {
+        let mut table = Table::new();
+        table.insert("cert".into(), path_value(&tls.cert));
+        table.insert("key".into(), path_value(&tls.key));
+        top.insert("tls".into(), Value::Table(table));
+    }
+
+    let sources: Vec<Value> = config
+        .sources()
+        .into_iter()
+        .map(|spec| {
+            let mut table = Table::new();
+            table.insert("path".into(), path_value(&spec.path));
+            if let Some(id) = spec.options.id {
+                table.insert("id".into(), Value::String(id));
+            }
+            if let Some(labels) = spec.options.dim_labels {
+                table.insert(
+                    "dim_labels".into(),
+                    Value::Array(labels.into_iter().map(Value::String).collect()),
+                );
+            }
+            Value::Table(table)
+        })
+        .collect();
+    if !sources.is_empty() {
+        top.insert("source".into(), Value::Array(sources));
+    }
+    toml::to_string(&top).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::config::{ConfigFile, ServeArgs};
+
+    #[test]
+    fn sizes_and_durations_print_as_written() {
+        assert_eq!(size_string(8 << 20), "8MiB");
+        assert_eq!(size_string(10 << 30), "10GiB");
+        assert_eq!(size_string(1000), "1000");
+        assert_eq!(duration_string(Duration::from_secs(2)), "2s");
+        assert_eq!(duration_string(Duration::from_millis(250)), "250ms");
+    }
+
+    #[test]
+    fn output_is_a_valid_config_file_without_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "token = \"s3cret-token-0123456789\"\nwatch = true\nmetrics_listen = \"127.0.0.1:9\"\n\
+             [[source]]\npath = \"/data/a.npy\"\nid = \"alpha\"\ndim_labels = [\"y\", \"x\"]\n",
+        )
+        .unwrap();
+        let config = ServeConfig::resolve(ServeArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let text = render(&config);
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(text.contains(REDACTED), "{text}");
+        std::fs::write(&path, &text).unwrap();
+        let reread = ConfigFile::load(&path).unwrap();
+        let source = &reread.source.unwrap()[0];
+        assert_eq!(source.id.as_deref(), Some("alpha"));
+        assert_eq!(reread.watch, Some(true));
+        assert_eq!(reread.metrics_listen, Some("127.0.0.1:9".parse().unwrap()));
+    }
+}

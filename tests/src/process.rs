@@ -1,0 +1,233 @@
+//! The real `tessera` binary as a child process: for tests that kill it, restart it on the
+//! same cache directory, or measure its memory from /proc.
+//!
+//! The binary is `$TESSERA_BIN` when set, else `target/debug/tessera` of this workspace, which
+//! is (re)built once per test process with `cargo build -p tessera-server --bin tessera` so a
+//! stale binary is never tested.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use arrow_flight::FlightClient;
+use arrow_flight::flight_service_client::FlightServiceClient;
+
+/// The workspace root (parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Path of the server binary, building it first unless `$TESSERA_BIN` names one.
+pub fn tessera_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("TESSERA_BIN").filter(|b| !b.is_empty()) {
+            return PathBuf::from(bin);
+        }
+        let root = workspace_root();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "tessera-server",
+                "--bin",
+                "tessera",
+            ])
+            .current_dir(&root)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the tessera binary failed");
+        root.join("target").join("debug").join("tessera")
+    })
+    .clone()
+}
+
+/// The interop venv's Python (`$TESSERA_PYTHON`, else `.venv/bin/python`) if it has biopb,
+/// numpy and pyarrow; tests that need it skip with a message otherwise.
+pub fn have_python_venv() -> Option<PathBuf> {
+    let python = std::env::var_os("TESSERA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv").join("bin").join("python"));
+    let ok = Command::new(&python)
+        .args(["-c", "import biopb.tensor, numpy, pyarrow"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    ok.then_some(python)
+}
+
+/// A running `tessera serve` child process. Dropping it kills the process.
+pub struct ServerProcess {
+    child: Child,
+    /// The bound address, parsed from the `listening on grpc://ADDR` log line.
+    pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServerProcess {
+    /// Starts `tessera serve ARGS --listen 127.0.0.1:0` with `RUST_LOG=info` and waits (up to
+    /// 60 s) for it to listen. Panics with the log if it does not.
+    pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> ServerProcess {
+        Self::spawn_env(args, &[])
+    }
+
+    /// Like [`ServerProcess::spawn`], with extra environment variables.
+    pub fn spawn_env<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> ServerProcess {
+        let mut command = Command::new(tessera_bin());
+        command
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("tessera starts");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if !sent && let Some(addr) = listening_addr(&line) {
+                    sent = tx.send(addr).is_ok();
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "tessera did not start listening:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        ServerProcess { child, addr, log }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `http://ADDR` for tonic.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A Flight client with the decode limit raised above the 64 MiB chunk cap.
+    pub async fn client(&self) -> FlightClient {
+        let channel = tonic::transport::Endpoint::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        FlightClient::new_from_inner(
+            FlightServiceClient::new(channel).max_decoding_message_size(128 << 20),
+        )
+    }
+
+    /// Every stderr line so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// How many stderr lines contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait up to 30 s (SIGKILL after that).
+    pub fn terminate(&mut self) -> ExitStatus {
+        // SAFETY: `kill(2)` on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// The process's anonymous resident memory (heap, stacks, private copies) in bytes, from
+    /// `/proc/PID/smaps_rollup`. File pages of mapped segments and sources are excluded: they
+    /// are page cache the kernel can drop, not memory the server holds.
+    pub fn anonymous_rss(&self) -> u64 {
+        anonymous_rss(self.pid())
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `Anonymous:` of `/proc/PID/smaps_rollup`, in bytes.
+pub fn anonymous_rss(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Anonymous:"))
+        .map(|v| {
+            v.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
+        })
+        .expect("smaps_rollup has an Anonymous line")
+}
+
+fn listening_addr(line: &str) -> Option<SocketAddr> {
+    let rest = line.split("listening on ").nth(1)?;
+    let rest = rest.split("://").nth(1)?;
+    let addr: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    addr.parse().ok()
+}

@@ -1,0 +1,94 @@
+//! Memory regression guard: reading a 2 GiB tensor cold over do_get keeps the server's
+//! anonymous resident memory (heap and private copies; /proc/PID/smaps_rollup `Anonymous`)
+//! under 600 MiB. The segment and source pages it maps are page cache, not counted. The
+//! real target lives in the benchmarks; this only catches a server that starts buffering
+//! whole tensors.
+//!
+//! Opt-in (`TESSERA_MEMORY_GUARD=1`): it moves 2 GiB through the cache and the socket, which
+//! takes minutes on a small CI machine. The source is a sparse file with a marker at the
+//! start of every row, so it costs little disk; the cache budget is 512 MiB.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::FileExt;
+
+use arrow_flight::Ticket;
+use futures::TryStreamExt;
+use tessera_e2e::process::ServerProcess;
+use tessera_e2e::*;
+
+const ROWS: u64 = 256;
+const ROW: u64 = 8 << 20;
+const MARK: usize = 4096;
+const BOUND: u64 = 600 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_read_of_2gib_stays_under_600mib_anonymous() {
+    if std::env::var("TESSERA_MEMORY_GUARD").ok().as_deref() != Some("1") {
+        eprintln!(
+            "SKIPPED memory guard: set TESSERA_MEMORY_GUARD=1 to run (2 GiB through the server)"
+        );
+        return;
+    }
+    let sources = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let path = sources.path().join("big.npy");
+    write_npy(&path, "|u1", &[ROWS, ROW], &[]);
+    let header = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(header + ROWS * ROW).unwrap();
+    for r in 0..ROWS {
+        file.write_all_at(&pattern(MARK, r), header + r * ROW)
+            .unwrap();
+    }
+    drop(file);
+
+    let server = ServerProcess::spawn(&[
+        sources.path().as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.path().as_os_str(),
+        "--cache-max-bytes".as_ref(),
+        "512MiB".as_ref(),
+        "--chunk-target".as_ref(),
+        "8MiB".as_ref(),
+    ]);
+    let mut client = server.client().await;
+    let info = client
+        .get_flight_info(read_descriptor("big", None))
+        .await
+        .unwrap();
+    let chunks = endpoint_bounds(&info);
+    assert_eq!(chunks.len() as u64, ROWS, "one chunk per 8 MiB row");
+    let baseline = server.anonymous_rss();
+    let mut peak = baseline;
+    // Four readers at a time, like a client pool.
+    for group in chunks.chunks(4) {
+        let mut reads = Vec::new();
+        for (start, _, ticket) in group {
+            let mut c = server.client().await;
+            let (row, ticket): (u64, Ticket) = (start[0] as u64, ticket.clone());
+            reads.push(tokio::spawn(async move {
+                let frames: Vec<_> = c.do_get(ticket).await.unwrap().try_collect().await.unwrap();
+                let (bytes, _, _) = chunk_parts(&frames[0]);
+                assert_eq!(bytes.len() as u64, ROW);
+                assert_eq!(&bytes[..MARK], &pattern(MARK, row)[..], "row {row} marker");
+                assert!(bytes[MARK..].iter().all(|&b| b == 0), "row {row} body");
+            }));
+        }
+        peak = peak.max(server.anonymous_rss());
+        for r in reads {
+            r.await.unwrap();
+        }
+        peak = peak.max(server.anonymous_rss());
+    }
+    eprintln!(
+        "2 GiB cold: anonymous RSS baseline {} MiB, peak {} MiB",
+        baseline >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < BOUND,
+        "server anonymous RSS reached {} MiB (bound {} MiB)",
+        peak >> 20,
+        BOUND >> 20
+    );
+}

@@ -1,0 +1,169 @@
+//! The cache directory's filesystem fills up (a 4 MiB tmpfs; the cache budget is larger, so
+//! eviction cannot make room and appends hit ENOSPC): every chunk is still served bit-exact
+//! over do_get, the failure is logged once rather than per chunk, what was cached before is
+//! neither lost nor moved, and caching resumes once space returns.
+//!
+//! Needs permission to mount a tmpfs (root or CAP_SYS_ADMIN); skips with a message otherwise.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use arrow_flight::{FlightClient, Ticket};
+use tessera_e2e::located::{Located, decode_located};
+use tessera_e2e::process::ServerProcess;
+use tessera_e2e::*;
+
+const SHAPE: [u64; 2] = [2048, 4096];
+
+/// A tmpfs mounted for the test, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "SKIPPED disk_full_keeps_serving: cannot mount a tmpfs here ({}); run as root or \
+                 with CAP_SYS_ADMIN to exercise ENOSPC",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        Some(Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Writes zeros into `path` until the filesystem refuses more.
+fn fill(path: &Path) -> u64 {
+    let mut file = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 16 << 10];
+    let mut written = 0u64;
+    loop {
+        match file.write(&block) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                break;
+            }
+        }
+    }
+    // Byte-granular top-up, so not even a small write fits.
+    while file.write(&[0u8]).is_ok_and(|n| n == 1) {
+        written += 1;
+    }
+    written
+}
+
+async fn locate(client: &mut FlightClient, ticket: &Ticket) -> Option<Located> {
+    let v = action_json(client, "chunk_locate", ticket.ticket.to_vec()).await;
+    Located::from_json(&v)
+}
+
+/// Problems the server logged (WARN or ERROR lines).
+fn problems(server: &ServerProcess) -> Vec<String> {
+    server
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_degrades_to_do_get_and_recovers() {
+    let work = tempfile::tempdir().unwrap();
+    let Some(mnt) = Tmpfs::mount(&work.path().join("mnt"), "4m") else {
+        return;
+    };
+    let sources = work.path().join("src");
+    std::fs::create_dir(&sources).unwrap();
+    let data = pattern((SHAPE[0] * SHAPE[1]) as usize, 42);
+    write_npy(&sources.join("big.npy"), "|u1", &SHAPE, &data);
+    let server = ServerProcess::spawn(&[
+        sources.as_os_str(),
+        "--cache-dir".as_ref(),
+        mnt.0.join("cache").as_os_str(),
+        "--cache-max-bytes".as_ref(),
+        "64MiB".as_ref(),
+        "--chunk-target".as_ref(),
+        "64KiB".as_ref(),
+    ]);
+    let mut client = server.client().await;
+    let info = client
+        .get_flight_info(read_descriptor("big", None))
+        .await
+        .unwrap();
+    let chunks = endpoint_bounds(&info);
+    assert!(chunks.len() >= 128, "{} chunks", chunks.len());
+    let want = |i: usize| {
+        let (start, stop, _) = &chunks[i];
+        let s: Vec<u64> = start.iter().map(|&v| v as u64).collect();
+        let e: Vec<u64> = stop.iter().map(|&v| v as u64).collect();
+        region_bytes(&data, &SHAPE, 1, &s, &e)
+    };
+
+    // Some chunks are cached while there is room.
+    let early = 8;
+    let mut cached = Vec::new();
+    for (i, (_, _, ticket)) in chunks.iter().enumerate().take(early) {
+        let loc = locate(&mut client, ticket).await.expect("room to cache");
+        cached.push((i, loc));
+    }
+    let before_full = problems(&server).len();
+
+    // The filesystem fills up (someone else's file).
+    let filler = mnt.0.join("filler");
+    assert!(fill(&filler) > 0);
+
+    // Every other chunk is still served, bit-exact, over do_get; locate says unavailable.
+    let mut unavailable = 0;
+    for (i, (_, _, ticket)) in chunks.iter().enumerate().skip(early) {
+        let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, ticket.clone()).await);
+        assert_eq!(bytes, want(i), "chunk {i} over do_get with the disk full");
+        if i % 16 == 0 && locate(&mut client, ticket).await.is_none() {
+            unavailable += 1;
+        }
+    }
+    assert!(unavailable > 0, "a full disk cannot cache new chunks");
+    let logged = problems(&server)[before_full..].to_vec();
+    assert!(
+        !logged.is_empty() && logged.len() <= 3,
+        "the failure is logged once, not per chunk ({} chunks failed); logged:\n{}",
+        chunks.len() - early,
+        logged.join("\n")
+    );
+
+    // What was cached before is still there, at the same place, with the same bytes.
+    for (i, loc) in &cached {
+        let again = locate(&mut client, &chunks[*i].2).await.unwrap();
+        assert_eq!(&again, loc, "chunk {i} cached before the disk filled");
+        let file = std::fs::read(&loc.path).unwrap();
+        assert_eq!(chunk_parts(&decode_located(&file, loc)).0, want(*i));
+    }
+
+    // Space returns: caching resumes (a few chunks fit in the freed room).
+    std::fs::remove_file(&filler).unwrap();
+    for (i, (_, _, ticket)) in chunks.iter().enumerate().skip(early).take(8) {
+        let loc = locate(&mut client, ticket)
+            .await
+            .unwrap_or_else(|| panic!("chunk {i} is cached once space returns"));
+        let file = std::fs::read(&loc.path).unwrap();
+        assert_eq!(chunk_parts(&decode_located(&file, &loc)).0, want(i));
+    }
+    let mut server = server;
+    assert!(server.terminate().success());
+    drop(mnt);
+}
