@@ -54,18 +54,35 @@ impl std::fmt::Display for GetSummary {
     }
 }
 
-fn options(no_mmap: bool, token: Option<&str>) -> ClientOptions {
+/// How the CLI commands reach a server: a bearer token and a CA certificate, if needed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    /// Bearer token, when the server requires one.
+    pub token: Option<&'a str>,
+    /// PEM CA certificate file for `grpc+tls://` / `grpcs://` locations.
+    pub tls_ca: Option<&'a Path>,
+}
+
+fn options(no_mmap: bool, creds: Credentials<'_>) -> Result<ClientOptions, ClientError> {
     let mut options = ClientOptions::default();
+    if let Some(path) = creds.tls_ca {
+        let pem = std::fs::read(path).map_err(|source| ClientError::TlsCa {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        options = options.with_tls_ca_pem(pem);
+    }
+    let token = creds.token;
     if no_mmap {
         options = options.with_mmap(false);
     }
     if let Some(token) = token {
         options = options.with_token(token);
     }
-    options
+    Ok(options)
 }
 
-/// `tessera get LOCATION ARRAY_ID [--region R] -o OUT [--no-mmap] [--token T]`:
+/// `tessera get LOCATION ARRAY_ID [--region R] -o OUT [--no-mmap] [--token T] [--tls-ca F]`:
 /// reads the tensor (or the numpy-like `region` of it, see
 /// [`parse_region`]) and writes a version 1.0 C-order `.npy` with the dtype
 /// as served. Shows a percentage on stderr when stderr is a terminal.
@@ -75,9 +92,9 @@ pub async fn cli_get(
     region: Option<&str>,
     out: &Path,
     no_mmap: bool,
-    token: Option<&str>,
+    creds: Credentials<'_>,
 ) -> Result<GetSummary, ClientError> {
-    let client = Client::connect(location, options(no_mmap, token)).await?;
+    let client = Client::connect(location, options(no_mmap, creds)?).await?;
     let region = match region {
         Some(text) => {
             let info = client.describe(array_id).await?;
@@ -118,10 +135,10 @@ pub async fn cli_get(
     })
 }
 
-/// `tessera ls LOCATION [--token T]`: one line per tensor (array id, shape,
+/// `tessera ls LOCATION [--token T] [--tls-ca F]`: one line per tensor (array id, shape,
 /// dtype, chunk shape, labels) under a header line.
-pub async fn cli_ls(location: &str, token: Option<&str>) -> Result<String, ClientError> {
-    let client = Client::connect(location, options(false, token)).await?;
+pub async fn cli_ls(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
+    let client = Client::connect(location, options(false, creds)?).await?;
     Ok(format_listing(location, &client.list().await?))
 }
 
@@ -160,9 +177,9 @@ fn format_listing(location: &str, tensors: &[TensorInfo]) -> String {
     out
 }
 
-/// `tessera stats LOCATION [--token T]`: the server's `cache_stats`, readably.
-pub async fn cli_stats(location: &str, token: Option<&str>) -> Result<String, ClientError> {
-    let client = Client::connect(location, options(false, token)).await?;
+/// `tessera stats LOCATION [--token T] [--tls-ca F]`: the server's `cache_stats`, readably.
+pub async fn cli_stats(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
+    let client = Client::connect(location, options(false, creds)?).await?;
     Ok(format_stats(location, &client.cache_stats().await?))
 }
 

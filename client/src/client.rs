@@ -24,7 +24,7 @@ use tessera_proto::json::{ActionBody, CacheStats, ChunkLocateReply, ChunkLocatio
 use tessera_proto::pb::{SliceHint, TensorDescriptor, TensorReadOption};
 use tessera_proto::ticket::flight_request;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::assemble::scatter;
 use crate::cache::ChunkCache;
@@ -139,9 +139,9 @@ fn describe_mask() -> FieldMask {
 }
 
 impl Client {
-    /// Connects to `location` (`grpc://host:port`, `grpc+tcp://`, `http://`;
-    /// `grpc+tls://` is refused: no TLS stack is built in), then checks the
-    /// server's `health` protocol (2 or 3).
+    /// Connects to `location` (`grpc://host:port`, `grpc+tcp://`, `http://`; or
+    /// `grpc+tls://`, `grpcs://`, `https://` with [`ClientOptions::with_tls_ca_pem`]), then
+    /// checks the server's `health` protocol (2 or 3).
     pub async fn connect(location: &str, options: ClientOptions) -> Result<Client, ClientError> {
         let parsed = Location::parse(location)?;
         let auth = options
@@ -165,6 +165,22 @@ impl Client {
             .initial_connection_window_size(H2_CONNECTION_WINDOW_BYTES)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(10));
+        let endpoint = if parsed.tls {
+            let pem = options
+                .tls_ca_pem
+                .as_ref()
+                .ok_or_else(|| ClientError::TlsNeedsCa {
+                    location: location.to_string(),
+                })?;
+            endpoint
+                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+                .map_err(|source| ClientError::Connect {
+                    location: location.to_string(),
+                    source,
+                })?
+        } else {
+            endpoint
+        };
         let channel = endpoint
             .connect()
             .await

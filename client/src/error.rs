@@ -14,14 +14,22 @@ pub enum ClientError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A `grpc+tls://` location, but this build has no TLS stack.
+    /// A TLS location without a CA certificate to check the server against.
     #[error(
-        "location '{location}' asks for TLS, but TLS is not built into tessera-client; \
-         use a grpc:// location (for example through an SSH tunnel)"
+        "location '{location}' uses TLS: give the server's CA certificate (PEM), e.g. \
+         `--tls-ca FILE` or ClientOptions::with_tls_ca_pem"
     )]
-    TlsNotBuiltIn {
+    TlsNeedsCa {
         /// The location as given.
         location: String,
+    },
+    /// The CA certificate file cannot be read.
+    #[error("cannot read the CA certificate {path}: {source}")]
+    TlsCa {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
     },
     /// The token cannot travel in a gRPC header.
     #[error("token is not usable in an 'authorization' header: {reason}")]

@@ -21,8 +21,8 @@
 //! summed size of mapped segments is capped by [`ClientOptions::pin_limit`]
 //! (`TESSERA_PIN_LIMIT`), past which chunks are copied out of the mapping.
 //!
-//! TLS (`grpc+tls://`) is not built in: [`Client::connect`] refuses it with
-//! [`ClientError::TlsNotBuiltIn`]. The fast path needs Unix (inode numbers).
+//! TLS locations (`grpc+tls://`, `grpcs://`) need the server's CA certificate
+//! ([`ClientOptions::with_tls_ca_pem`]); there is no default trust store. The fast path needs Unix (inode numbers).
 
 mod assemble;
 mod cache;
@@ -42,7 +42,7 @@ mod plan;
 mod region;
 
 pub use chunk::{ChunkOrigin, ChunkView};
-pub use cli::{GetSummary, cli_get, cli_ls, cli_stats};
+pub use cli::{Credentials, GetSummary, cli_get, cli_ls, cli_stats};
 pub use client::{
     ArrayData, Client, H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES,
     LocalStats, MAX_MESSAGE_BYTES, TensorInfo,

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use crate::error::ClientError;
 
-/// A parsed plaintext location.
+/// A parsed location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
     /// The location as the caller wrote it.
@@ -13,29 +13,28 @@ pub struct Location {
     pub uri: String,
     /// The host, without IPv6 brackets.
     pub host: String,
+    /// Whether the location asks for TLS (`grpc+tls://`, `grpcs://`, `https://`).
+    pub tls: bool,
 }
 
 impl Location {
-    /// Parses `grpc://host:port`, `grpc+tcp://host:port`, `http://host:port` or
-    /// a bare `host:port`. TLS schemes are refused: no TLS stack is built in.
+    /// Parses `grpc://host:port`, `grpc+tcp://host:port`, `http://host:port` or a bare
+    /// `host:port` (plaintext), and `grpc+tls://`, `grpcs://` or `https://` (TLS).
     pub fn parse(location: &str) -> Result<Location, ClientError> {
         let invalid = |reason: &str| ClientError::InvalidLocation {
             location: location.to_string(),
             reason: reason.to_string(),
         };
         let trimmed = location.trim();
-        let rest = match trimmed.split_once("://") {
-            None => trimmed,
+        let (rest, tls) = match trimmed.split_once("://") {
+            None => (trimmed, false),
             Some((scheme, rest)) => match scheme.to_ascii_lowercase().as_str() {
-                "grpc" | "grpc+tcp" | "http" => rest,
-                "grpc+tls" | "grpcs" | "https" => {
-                    return Err(ClientError::TlsNotBuiltIn {
-                        location: location.to_string(),
-                    });
-                }
+                "grpc" | "grpc+tcp" | "http" => (rest, false),
+                "grpc+tls" | "grpcs" | "https" => (rest, true),
                 other => {
                     return Err(invalid(&format!(
-                        "scheme '{other}' is not one of grpc://, grpc+tcp://, http://"
+                        "scheme '{other}' is not one of grpc://, grpc+tcp://, http://, \
+                         grpc+tls://, grpcs://, https://"
                     )));
                 }
             },
@@ -59,8 +58,9 @@ impl Location {
         }
         Ok(Location {
             original: location.to_string(),
-            uri: format!("http://{host}:{port}"),
+            uri: format!("{}://{host}:{port}", if tls { "https" } else { "http" }),
             host: bare_host.to_string(),
+            tls,
         })
     }
 
@@ -101,11 +101,13 @@ mod tests {
     }
 
     #[test]
-    fn tls_and_junk_are_refused_with_reasons() {
-        assert!(matches!(
-            Location::parse("grpc+tls://host:1"),
-            Err(ClientError::TlsNotBuiltIn { .. })
-        ));
+    fn tls_schemes_dial_https_and_junk_is_refused_with_reasons() {
+        for text in ["grpc+tls://host:1", "grpcs://host:1", "https://host:1"] {
+            let location = Location::parse(text).unwrap();
+            assert!(location.tls, "{text}");
+            assert_eq!(location.uri, "https://host:1");
+        }
+        assert!(!Location::parse("grpc://host:1").unwrap().tls);
         let err = Location::parse("ftp://host:1").unwrap_err().to_string();
         assert!(err.contains("scheme 'ftp'"), "{err}");
         let err = Location::parse("grpc://host").unwrap_err().to_string();

@@ -29,6 +29,10 @@ pub struct ClientOptions {
     pub pin_limit: Option<u64>,
     /// Byte budget of the strong copy cache; 0 disables it.
     pub copy_cache_bytes: u64,
+    /// PEM CA certificate(s) a TLS server's certificate must chain to. There is no
+    /// default trust store: a TLS location without one is refused rather than trusted
+    /// blindly, and a self-signed server is trusted by giving its own certificate.
+    pub tls_ca_pem: Option<Vec<u8>>,
 }
 
 impl Default for ClientOptions {
@@ -47,6 +51,7 @@ impl Default for ClientOptions {
                 .ok()
                 .and_then(|v| parse_size(&v)),
             copy_cache_bytes: DEFAULT_COPY_CACHE_BYTES,
+            tls_ca_pem: None,
         }
     }
 }
@@ -55,6 +60,13 @@ impl ClientOptions {
     /// Sends `authorization: Bearer <token>` on every call.
     pub fn with_token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self
+    }
+
+    /// Trusts servers whose certificate chains to these PEM CA certificates (needed for
+    /// `grpc+tls://` / `grpcs://` locations).
+    pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca_pem = Some(pem.into());
         self
     }
 

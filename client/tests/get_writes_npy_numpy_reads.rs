@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{Server, npy_fixture};
-use tessera_client::cli_get;
+use tessera_client::{Credentials, cli_get};
 
 fn python() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
@@ -69,9 +69,16 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
     for no_mmap in [false, true] {
         for (i, (id, source, region, index)) in cases.iter().enumerate() {
             let out = dir.path().join(format!("out_{i}_{no_mmap}.npy"));
-            let summary = cli_get(&server.url, id, *region, &out, no_mmap, None)
-                .await
-                .unwrap();
+            let summary = cli_get(
+                &server.url,
+                id,
+                *region,
+                &out,
+                no_mmap,
+                Credentials::default(),
+            )
+            .await
+            .unwrap();
             assert_eq!(summary.path, out);
             assert!(summary.chunks >= 1);
             if no_mmap {

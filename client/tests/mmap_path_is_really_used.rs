@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Server, npy_fixture, options};
-use tessera_client::{ChunkOrigin, Client, cli_get};
+use tessera_client::{ChunkOrigin, Client, Credentials, cli_get};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mmap_path_is_really_used_and_no_mmap_really_is_not() {
@@ -40,7 +40,7 @@ async fn mmap_path_is_really_used_and_no_mmap_really_is_not() {
     assert_eq!(server_stats.do_gets, 0, "{server_stats:?}");
 
     let out = dir.path().join("out.npy");
-    let summary = cli_get(&server.url, "img", None, &out, true, None)
+    let summary = cli_get(&server.url, "img", None, &out, true, Credentials::default())
         .await
         .unwrap();
     assert_eq!(summary.socket_chunks, chunks);

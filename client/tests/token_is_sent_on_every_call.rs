@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Server, npy_fixture, options};
-use tessera_client::{Client, cli_ls, cli_stats};
+use tessera_client::{Client, Credentials, cli_ls, cli_stats};
 
 const TOKEN: &str = "client-test-token-0123456789";
 
@@ -34,12 +34,16 @@ async fn token_is_sent_on_every_call() {
             );
         }
     }
-    let listing = cli_ls(&server.url, Some(TOKEN)).await.unwrap();
+    let creds = Credentials {
+        token: Some(TOKEN),
+        tls_ca: None,
+    };
+    let listing = cli_ls(&server.url, creds).await.unwrap();
     assert!(
         listing.contains("img") && listing.contains("(128, 300)") && listing.contains("<i2"),
         "{listing}"
     );
-    let stats = cli_stats(&server.url, Some(TOKEN)).await.unwrap();
+    let stats = cli_stats(&server.url, creds).await.unwrap();
     assert!(stats.contains("served by mmap:"), "{stats}");
 
     let refused = match Client::connect(&server.url, options(false)).await {

@@ -52,9 +52,6 @@ struct WarmArgs {
     /// Array ids to warm, whole.
     #[arg(required = true)]
     array_ids: Vec<String>,
-    /// PEM CA certificate to check a grpcs:// server against.
-    #[arg(long, value_name = "FILE")]
-    tls_ca: Option<std::path::PathBuf>,
     /// Chunks warmed at once.
     #[arg(long, default_value_t = tessera_server::warm::DEFAULT_CONCURRENCY)]
     concurrency: usize,
@@ -79,6 +76,19 @@ struct RemoteArgs {
     /// Bearer token, if the server requires one.
     #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM CA certificate to check a grpcs:// (grpc+tls://) server against; for a
+    /// self-signed server, its own certificate.
+    #[arg(long, value_name = "FILE", env = "TESSERA_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
+}
+
+impl RemoteArgs {
+    fn credentials(&self) -> tessera_client::Credentials<'_> {
+        tessera_client::Credentials {
+            token: self.token.as_deref(),
+            tls_ca: self.tls_ca.as_deref(),
+        }
+    }
 }
 
 /// Arguments of `tessera get`.
@@ -159,20 +169,20 @@ async fn main() -> anyhow::Result<()> {
                 args.region.as_deref(),
                 &args.output,
                 args.no_mmap,
-                args.remote.token.as_deref(),
+                args.remote.credentials(),
             )
             .await
             .with_context(|| format!("cannot read '{}'", args.array_id))?;
             println!("{summary}");
         }
         Command::Ls(remote) => {
-            let text = tessera_client::cli_ls(&remote.location, remote.token.as_deref())
+            let text = tessera_client::cli_ls(&remote.location, remote.credentials())
                 .await
                 .context("cannot list tensors")?;
             print!("{text}");
         }
         Command::Stats(remote) => {
-            let text = tessera_client::cli_stats(&remote.location, remote.token.as_deref())
+            let text = tessera_client::cli_stats(&remote.location, remote.credentials())
                 .await
                 .context("cannot read cache stats")?;
             print!("{text}");
@@ -181,7 +191,7 @@ async fn main() -> anyhow::Result<()> {
             let remote = tessera_server::warm::Remote {
                 location: args.remote.location,
                 token: args.remote.token,
-                tls_ca: args.tls_ca,
+                tls_ca: args.remote.tls_ca,
             };
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             let summary =

@@ -27,6 +27,9 @@ def make_cert(directory, name):
             "-keyout", str(key), "-out", str(cert), "-days", "2",
             "-subj", "/CN=localhost",
             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            # A leaf, not a CA: rustls (tessera's client) refuses a CA certificate presented
+            # as the server's own ("CaUsedAsEndEntity").
+            "-addext", "basicConstraints=critical,CA:FALSE",
         ],
         check=True,
         capture_output=True,
@@ -130,3 +133,28 @@ def test_bad_certificate_pair_stops_the_server_with_a_named_file(tmp_path, fixtu
         )
         assert proc.returncode != 0, proc.stderr
         assert needle in proc.stderr, proc.stderr
+
+
+def test_tessera_cli_reads_over_tls_with_the_ca_and_refuses_without(start_server, fixture_dir, arrays, tls_files, tmp_path):
+    cert, key, _ = tls_files
+    server = start_server(fixture_dir, extra=("--tls-cert", cert, "--tls-key", key))
+    location = f"grpcs://127.0.0.1:{tls_port(server)}"
+    out = tmp_path / "out.npy"
+    done = subprocess.run(
+        [tessera_bin(), "get", location, "u16_stack", "--tls-ca", str(cert), "-o", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert np.load(out).tobytes() == arrays["u16_stack"].tobytes()
+    listing = subprocess.run(
+        [tessera_bin(), "ls", location.replace("grpcs", "grpc+tls"), "--tls-ca", str(cert)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert listing.returncode == 0 and "u16_stack" in listing.stdout, listing.stderr
+    no_ca = subprocess.run([tessera_bin(), "ls", location], capture_output=True, text=True, timeout=120)
+    assert no_ca.returncode != 0 and "CA certificate" in no_ca.stderr, no_ca.stderr
+    other, _, _ = make_cert(tmp_path, "stranger")
+    untrusted = subprocess.run(
+        [tessera_bin(), "ls", location, "--tls-ca", str(other)], capture_output=True, text=True, timeout=120
+    )
+    assert untrusted.returncode != 0, untrusted.stdout
