@@ -244,8 +244,8 @@ fn shape_text(shape: &[u64]) -> String {
     }
 }
 
-/// `1.5 MiB`-style sizes.
-fn human_bytes(bytes: u64) -> String {
+/// `1.5 MiB`-style sizes (binary units, one decimal).
+pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;

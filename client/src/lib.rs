@@ -42,7 +42,7 @@ mod plan;
 mod region;
 
 pub use chunk::{ChunkOrigin, ChunkView};
-pub use cli::{Credentials, GetSummary, cli_get, cli_ls, cli_stats};
+pub use cli::{Credentials, GetSummary, cli_get, cli_ls, cli_stats, human_bytes};
 pub use client::{
     ArrayData, Client, H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES,
     LocalStats, MAX_MESSAGE_BYTES, TensorInfo,

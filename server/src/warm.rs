@@ -13,6 +13,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightDescriptor, Ticket};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use tessera_client::human_bytes;
 use tessera_proto::json::ChunkLocateReply;
 use tessera_proto::pb::TensorReadOption;
 use tessera_proto::{ACTION_CHUNK_LOCATE, AUTHORIZATION_HEADER, BEARER_PREFIX, flight_request};
@@ -113,22 +114,6 @@ impl std::fmt::Display for WarmSummary {
             }
         }
         Ok(())
-    }
-}
-
-/// `1536` → `1.50 KiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
     }
 }
 
@@ -349,13 +334,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_read_like_people_write_them() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.50 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
-    }
-
-    #[test]
     fn summary_names_the_fallback() {
         let s = WarmSummary {
             arrays: 1,
@@ -368,7 +346,7 @@ mod tests {
         };
         assert_eq!(
             s.to_string(),
-            "warmed 2 chunks (2.00 KiB) of 1 arrays in 0.50 s: 1 in the file cache, 1 fetched over do_get (memory cache)"
+            "warmed 2 chunks (2.0 KiB) of 1 arrays in 0.50 s: 1 in the file cache, 1 fetched over do_get (memory cache)"
         );
     }
 }

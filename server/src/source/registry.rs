@@ -365,17 +365,7 @@ impl Registry {
 
 /// Device, inode, size and mtime of the file at `path` now, or `None` if it cannot be stat'ed.
 pub fn identity_at(path: &Path) -> Option<FileIdentity> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    Some(FileIdentity {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        size: meta.size(),
-        mtime_ns: meta
-            .mtime()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(meta.mtime_nsec()),
-    })
+    std::fs::metadata(path).ok().map(|m| FileIdentity::of(&m))
 }
 
 fn open_tensor(

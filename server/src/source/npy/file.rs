@@ -31,7 +31,8 @@ pub struct FileIdentity {
 }
 
 impl FileIdentity {
-    fn of(meta: &Metadata) -> FileIdentity {
+    /// The identity a `stat` result describes.
+    pub fn of(meta: &Metadata) -> FileIdentity {
         FileIdentity {
             dev: meta.dev(),
             ino: meta.ino(),
