@@ -1,7 +1,7 @@
 //! Bounded soak: several Python biopb client processes read random slices through the mmap
 //! fast path while a tiny cache budget forces constant eviction. No client dies (SIGBUS would
 //! kill it with signal 7), no client sees a wrong byte, and the cache stays within its budget
-//! plus one segment, sampled through `cache_stats` all along.
+//! plus the segments still open for writing, sampled through `cache_stats` all along.
 //!
 //! Runs 30 s by default; set `TESSERA_SOAK_SECONDS` to soak longer. Skips with a message
 //! when the interop venv (.venv with biopb, numpy, pyarrow) is missing.
@@ -16,8 +16,12 @@ use tessera_e2e::*;
 const CLIENTS: u64 = 3;
 const BUDGET: u64 = 8 << 20;
 /// The store caps a segment at a quarter of the budget with two open segments
-/// (segments/src/store.rs), so "within one segment" is this much over the budget.
+/// (segments/src/store.rs).
 const SEGMENT: u64 = BUDGET / 4;
+/// Segments being written (one per append shard) cannot be evicted, nor can a rotated one
+/// before its seal; so the cache may exceed its budget by the open segments, never more.
+/// (A CI run under load saw 2.5 MiB over, more than one segment, with both shards busy.)
+const OPEN_SEGMENTS: u64 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constant_eviction_under_mmap_readers() {
@@ -127,8 +131,8 @@ async fn constant_eviction_under_mmap_readers() {
         "the budget forced eviction"
     );
     assert!(
-        worst <= BUDGET + SEGMENT,
-        "cache grew to {worst} bytes, more than one segment over its {BUDGET}-byte budget"
+        worst <= BUDGET + OPEN_SEGMENTS * SEGMENT,
+        "cache grew to {worst} bytes, more than the open segments over its {BUDGET}-byte budget"
     );
     assert!(
         server.log_count("ERROR") == 0,
