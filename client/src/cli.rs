@@ -215,6 +215,10 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
             s.evictions, s.ref_held_evictions_skipped
         ),
         format!("  waits on a fill:    {}", s.pending_waits),
+        format!(
+            "  waits on eviction:  {} ({} over budget)",
+            s.budget_waits, s.budget_overruns
+        ),
         format!("  oversized skips:    {}", s.oversized_skips),
         format!(
             "  segments:           {} ({} unlinked, maybe still mapped)",
@@ -315,6 +319,8 @@ mod tests {
             segments: 4,
             locates: 9,
             do_gets: 5,
+            budget_waits: 6,
+            budget_overruns: 0,
             backend: tessera_proto::json::CacheBackend::File,
         };
         let text = format_stats("grpc://h:1", &stats);
@@ -328,6 +334,7 @@ mod tests {
             "segments:           4 (0 B unlinked",
             "served by mmap:     9 chunk_locate",
             "served by socket:   5 do_get",
+            "waits on eviction:  6 (0 over budget)",
         ] {
             assert!(text.contains(needle), "{needle:?} not in\n{text}");
         }

@@ -201,8 +201,9 @@ pub enum CacheBackend {
     Memory,
 }
 
-/// Reply of the `cache_stats` action: the reference server's keys plus
-/// Tessera's `unlinked_bytes`, `segments` and `backend`.
+/// Reply of the `cache_stats` action: the reference server's keys plus Tessera's
+/// `unlinked_bytes`, `segments`, `locates`, `do_gets`, `budget_waits`, `budget_overruns`
+/// and `backend`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheStats {
     /// Chunks held in the cache.
@@ -233,6 +234,13 @@ pub struct CacheStats {
     pub locates: u64,
     /// Chunks sent over the socket by `do_get`.
     pub do_gets: u64,
+    /// Appends that waited for eviction because the cache was more than one segment over
+    /// its byte budget. Absent (0) from servers older than the admission gate.
+    #[serde(default)]
+    pub budget_waits: u64,
+    /// Appends admitted over the budget because eviction freed nothing in time.
+    #[serde(default)]
+    pub budget_overruns: u64,
     /// Storage holding the cache.
     pub backend: CacheBackend,
 }

@@ -138,6 +138,8 @@ fn cache_stats_has_reference_and_tessera_keys() {
         segments: 12,
         locates: 13,
         do_gets: 14,
+        budget_waits: 15,
+        budget_overruns: 16,
         backend: CacheBackend::File,
     };
     let value = as_json(&stats.to_body().unwrap());
@@ -162,6 +164,8 @@ fn cache_stats_has_reference_and_tessera_keys() {
         "segments",
         "locates",
         "do_gets",
+        "budget_waits",
+        "budget_overruns",
         "backend",
     ];
     expected.sort_unstable();

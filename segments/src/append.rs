@@ -19,7 +19,7 @@ use crate::ipc::{EncodeError, EntryBody};
 use crate::layout::{self, DurableError};
 use crate::map;
 use crate::segment::{self, Active};
-use crate::sidecar::SidecarEntry;
+use crate::sidecar::{self, SidecarEntry};
 use crate::store::{Inner, location};
 use crate::types::{EntryMeta, FileRange, Location};
 
@@ -84,6 +84,7 @@ impl Inner {
             Start::Write(claim, body, bound) => (claim, body, bound),
         };
         let crc = body.crc32c(data);
+        let _room = self.admit(bound + sidecar::entry_len(key));
         let mut shard = self.lock_shard();
         let (active, placed) = self.place(&mut shard, &body, bound, Some(crc))?;
         let mut slices = Vec::with_capacity(data.len() + 3);
@@ -124,6 +125,7 @@ impl Inner {
             Start::Stored(loc) => return Ok(Ok(loc)),
             Start::Write(claim, body, bound) => (claim, body, bound),
         };
+        let _room = self.admit(bound + sidecar::entry_len(key));
         let mut shard = self.lock_shard();
         // The crc is fixed-width hex in the header, so a placeholder sizes it exactly.
         let (active, mut placed) = self.place(&mut shard, &body, bound, Some(0))?;
@@ -322,14 +324,14 @@ impl Inner {
     /// Records a completely written entry: advances the segment and indexes the entry.
     /// Called with the shard still locked, so the segment cannot be sealed and evicted
     /// before its entry is in the index.
+    /// The entry's sidecar record is counted now, not at the seal, so that the budget sees
+    /// every byte an admitted append adds.
     fn commit(&self, active: &mut Active, key: &[u8], placed: &Placed, crc: u32) -> Location {
         let meta_len = (placed.message.len() - 8) as u32;
+        let added = placed.total + sidecar::entry_len(key);
         active.end += placed.total;
         active.seg.readable_end.store(active.end, Ordering::Release);
-        active
-            .seg
-            .disk_bytes
-            .fetch_add(placed.total, Ordering::Relaxed);
+        active.seg.disk_bytes.fetch_add(added, Ordering::Relaxed);
         active.entries.push(SidecarEntry {
             offset: placed.offset,
             length: placed.total,
@@ -346,7 +348,7 @@ impl Inner {
         };
         self.touch(&entry.seg);
         self.index.insert(key.into(), entry.clone());
-        let now = self.total_bytes.fetch_add(placed.total, Ordering::Relaxed) + placed.total;
+        let now = self.total_bytes.fetch_add(added, Ordering::Relaxed) + added;
         if now > self.max_bytes {
             self.maintenance.wake();
         }

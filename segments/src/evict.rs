@@ -151,6 +151,7 @@ impl Inner {
             .fetch_add(file_len, Ordering::Relaxed);
         self.total_bytes
             .fetch_sub(seg.disk_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.budget.notify_freed();
     }
 
     /// Saves every segment's last-use counter (advisory: a failure is logged).

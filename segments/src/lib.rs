@@ -64,12 +64,15 @@
 //!   sealed.
 //! * The budget counts real bytes on disk (segments and sidecars). A background thread
 //!   evicts whole sealed segments, least recently used first (recency persisted in
-//!   `DIR/recency`), never an open one; the budget is also enforced at open.
+//!   `DIR/recency`), never an open one; the budget is also enforced at open. Appends are
+//!   admitted against it: while the cache would pass its budget by more than one segment,
+//!   an append waits for eviction, so eviction cannot fall behind appends.
 //! * The store refuses a network filesystem ([`fsgate`]) unless explicitly allowed, and a
 //!   second open of the same directory ([`StoreError::Locked`]).
 
 mod append;
 mod boot;
+mod budget;
 mod copy;
 pub mod error;
 mod evict;

@@ -28,10 +28,18 @@ pub(crate) struct SidecarEntry {
     pub key: Box<[u8]>,
 }
 
+/// Bytes one entry with key `key` takes in a sidecar.
+pub(crate) fn entry_len(key: &[u8]) -> u64 {
+    ENTRY_FIXED + key.len() as u64
+}
+
+/// Bytes of an entry record besides its key: offset, length, meta_len, crc32c, key_len.
+const ENTRY_FIXED: u64 = 8 + 8 + 4 + 4 + 4;
+
 /// Encodes a sidecar for a segment of `segment_size` bytes.
 pub(crate) fn encode(segment_size: u64, entries: &[SidecarEntry]) -> Vec<u8> {
     let keys: usize = entries.iter().map(|e| e.key.len()).sum();
-    let mut out = Vec::with_capacity(32 + entries.len() * 28 + keys);
+    let mut out = Vec::with_capacity(32 + entries.len() * ENTRY_FIXED as usize + keys);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&segment_size.to_le_bytes());

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
 use crate::boot;
+use crate::budget::Budget;
 use crate::error::StoreError;
 use crate::evict::Maintenance;
 use crate::fault::FaultInjector;
@@ -36,6 +37,8 @@ pub(crate) struct Counters {
     pub evictions: AtomicU64,
     pub pending_waits: AtomicU64,
     pub evictions_blocked: AtomicU64,
+    pub budget_waits: AtomicU64,
+    pub budget_overruns: AtomicU64,
     pub oversized: AtomicU64,
     pub unlinked_bytes: AtomicU64,
 }
@@ -67,6 +70,8 @@ pub(crate) struct Inner {
     pub poisoned: Mutex<Option<String>>,
     pub closed: AtomicBool,
     pub maintenance: Maintenance,
+    /// Admission of appends to the byte budget.
+    pub budget: Budget,
 }
 
 impl Inner {
@@ -215,6 +220,7 @@ impl Store {
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
             maintenance: Maintenance::default(),
+            budget: Budget::default(),
         });
         if let Some(reason) = booted.dir_sync_failed {
             inner.poison(reason);
@@ -360,6 +366,8 @@ impl Store {
             pending_waits: c.pending_waits.load(Ordering::Relaxed),
             ref_held_evictions_skipped: c.evictions_blocked.load(Ordering::Relaxed),
             oversized_skips: c.oversized.load(Ordering::Relaxed),
+            budget_waits: c.budget_waits.load(Ordering::Relaxed),
+            budget_overruns: c.budget_overruns.load(Ordering::Relaxed),
             unlinked_bytes: c.unlinked_bytes.load(Ordering::Relaxed),
             segments: inner.segments.lock().len() as u64,
         }

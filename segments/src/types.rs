@@ -72,6 +72,12 @@ pub struct StoreStats {
     pub ref_held_evictions_skipped: u64,
     /// Appends refused because the entry is larger than a segment may be.
     pub oversized_skips: u64,
+    /// Appends that waited for eviction because the cache was more than one segment over
+    /// its budget.
+    pub budget_waits: u64,
+    /// Appends admitted over budget because eviction freed nothing within the admission
+    /// wait (a stalled disk).
+    pub budget_overruns: u64,
     /// Bytes of segments unlinked since open; clients may still map them (an upper bound).
     pub unlinked_bytes: u64,
     /// Segment files in the directory (open and sealed).

@@ -15,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::chunks::{Backend, ChunkService};
 use crate::config::{CacheKind, ServeConfig};
 use crate::flight::auth::{TokenCheck, validate_token};
+use crate::flight::chunk_get::ChunkGet;
 use crate::flight::{ServiceState, TesseraFlight};
 use crate::metrics::{Counted, Metered, MetricsServer};
 use crate::source::npy::Limits;
@@ -172,9 +173,16 @@ impl Daemon {
             .max_encoding_message_size(MAX_ENCODE_BYTES)
             .max_decoding_message_size(MAX_DECODE_BYTES);
         let check = TokenCheck::new(self.token.clone());
-        let service = Metered::new(InterceptedService::new(service, move |req| {
-            check.check(req)
-        }));
+        let tonic_check = check.clone();
+        let service = InterceptedService::new(service, move |req| tonic_check.check(req));
+        // Chunk DoGets bypass tonic's encoder (one copy of the chunk fewer); the same token
+        // check and request limit apply on both routes.
+        let service = Metered::new(ChunkGet::new(
+            service,
+            self.state.clone(),
+            check,
+            MAX_DECODE_BYTES,
+        ));
         let mut side_tasks = Vec::new();
         if let Some(metrics) = self.metrics {
             if let Ok(at) = metrics.local_addr() {

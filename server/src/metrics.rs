@@ -247,6 +247,16 @@ fn render_cache(out: &mut String, state: &ServiceState) {
             stats.locates,
         ),
         ("do_gets", "Chunks requested over do_get.", stats.do_gets),
+        (
+            "budget_waits",
+            "Cache appends that waited for eviction (cache over budget by a segment).",
+            stats.budget_waits,
+        ),
+        (
+            "budget_overruns",
+            "Cache appends admitted over budget because eviction stalled.",
+            stats.budget_overruns,
+        ),
     ] {
         counter(out, &format!("tessera_cache_{name}_total"), help, value);
     }

@@ -371,6 +371,8 @@ impl ChunkService {
                     segments: s.segments,
                     locates,
                     do_gets,
+                    budget_waits: s.budget_waits,
+                    budget_overruns: s.budget_overruns,
                 }
             }
             Backend::Memory { .. } => CacheStats {
@@ -389,6 +391,8 @@ impl ChunkService {
                 segments: 0,
                 locates,
                 do_gets,
+                budget_waits: 0,
+                budget_overruns: 0,
             },
         }
     }

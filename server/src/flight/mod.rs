@@ -18,6 +18,7 @@
 
 pub mod actions;
 pub mod auth;
+pub mod chunk_get;
 pub mod plan;
 
 use std::path::PathBuf;
@@ -40,7 +41,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunk_id::ChunkId;
-use crate::chunks::ChunkService;
+use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
 use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
 use crate::source::watch::ScanStatus;
@@ -230,6 +231,15 @@ impl ServiceState {
         Ok((tensor, id))
     }
 
+    /// The IPC message of the chunk a ticket names, decoding it first if it is cold;
+    /// counted as served by do_get.
+    pub async fn encoded_chunk(&self, chunk_id: &[u8]) -> ServiceResult<EncodedChunk> {
+        let (tensor, id) = self.resolve_chunk(chunk_id)?;
+        let chunk = self.chunks.encoded(&tensor, &id).await?;
+        crate::metrics::global().record_do_get_bytes(chunk.len() as u64);
+        Ok(chunk)
+    }
+
     /// Paths of served sources (for logs and tests).
     pub fn source_paths(&self) -> Vec<PathBuf> {
         self.registry
@@ -253,9 +263,7 @@ impl TesseraFlight {
     }
 
     async fn do_get_chunk(&self, chunk_id: &[u8]) -> ServiceResult<Vec<FlightData>> {
-        let (tensor, id) = self.state.resolve_chunk(chunk_id)?;
-        let chunk = self.state.chunks.encoded(&tensor, &id).await?;
-        crate::metrics::global().record_do_get_bytes(chunk.len() as u64);
+        let chunk = self.state.encoded_chunk(chunk_id).await?;
         let schema = FlightData::new().with_data_header(self.state.chunks.schema_header());
         let batch = FlightData::new()
             .with_data_header(chunk.header)
