@@ -25,8 +25,9 @@ use tokio::task::JoinHandle;
 pub struct TestServer {
     /// The bound address.
     pub addr: SocketAddr,
-    /// The cache directory (removed when the server is dropped).
-    pub cache_dir: tempfile::TempDir,
+    /// The cache directory's parent (removed when the server is dropped, unless
+    /// [`TestServer::stop_keeping_cache`] took it).
+    cache_dir: Option<tempfile::TempDir>,
     /// The `/metrics` address, when the configuration asked for one.
     pub metrics_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
@@ -65,7 +66,7 @@ impl TestServer {
         });
         TestServer {
             addr,
-            cache_dir,
+            cache_dir: Some(cache_dir),
             metrics_addr,
             stop: Some(stop),
             task: Some(task),
@@ -100,23 +101,24 @@ impl TestServer {
 
     /// Stops the server and waits for it to finish.
     pub async fn stop(mut self) {
+        self.shut_down().await;
+    }
+
+    /// Stops the server (sealing its segments) and hands over its cache directory's parent
+    /// (the cache is its `cache` subdirectory), which would otherwise be deleted with the
+    /// server, for inspection after the stop.
+    pub async fn stop_keeping_cache(mut self) -> tempfile::TempDir {
+        self.shut_down().await;
+        self.cache_dir.take().expect("the cache directory is kept until the server drops")
+    }
+
+    async fn shut_down(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
             task.await.unwrap();
         }
-    }
-}
-
-impl TestServer {
-    /// Stops the server (sealing its segments) and hands over its cache directory, which
-    /// would otherwise be deleted with the server, for inspection after the stop.
-    pub async fn stop_keeping_cache(mut self) -> tempfile::TempDir {
-        let placeholder = tempfile::tempdir().unwrap();
-        let cache = std::mem::replace(&mut self.cache_dir, placeholder);
-        self.stop().await;
-        cache
     }
 }
 
