@@ -109,7 +109,9 @@ impl TestServer {
     /// server, for inspection after the stop.
     pub async fn stop_keeping_cache(mut self) -> tempfile::TempDir {
         self.shut_down().await;
-        self.cache_dir.take().expect("the cache directory is kept until the server drops")
+        self.cache_dir
+            .take()
+            .expect("the cache directory is kept until the server drops")
     }
 
     async fn shut_down(&mut self) {
