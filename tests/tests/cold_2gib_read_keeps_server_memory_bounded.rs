@@ -1,12 +1,11 @@
 //! Memory regression guard: reading a 2 GiB tensor cold over do_get keeps the server's
 //! anonymous resident memory (heap and private copies; /proc/PID/smaps_rollup `Anonymous`)
-//! under 600 MiB. The segment and source pages it maps are page cache, not counted. The
-//! real target lives in the benchmarks; this only catches a server that starts buffering
-//! whole tensors.
+//! under 128 MiB, a generous bound: the measured peak is 6 MiB (benches/run.py holds the
+//! real target, ≤ 2 chunks + 32 MiB). The segment and source pages it maps are page cache,
+//! not counted. It catches a server that starts copying or buffering chunks per reply.
 //!
-//! Opt-in (`TESSERA_MEMORY_GUARD=1`): it moves 2 GiB through the cache and the socket, which
-//! takes minutes on a small CI machine. The source is a sparse file with a marker at the
-//! start of every row, so it costs little disk; the cache budget is 512 MiB.
+//! About 30 s on 2 cores. The source is a sparse file with a marker at the start of every
+//! row, so it costs little disk; the cache budget is 512 MiB.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::FileExt;
@@ -19,16 +18,10 @@ use tessera_e2e::*;
 const ROWS: u64 = 256;
 const ROW: u64 = 8 << 20;
 const MARK: usize = 4096;
-const BOUND: u64 = 600 << 20;
+const BOUND: u64 = 128 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_read_of_2gib_stays_under_600mib_anonymous() {
-    if std::env::var("TESSERA_MEMORY_GUARD").ok().as_deref() != Some("1") {
-        eprintln!(
-            "SKIPPED memory guard: set TESSERA_MEMORY_GUARD=1 to run (2 GiB through the server)"
-        );
-        return;
-    }
+async fn cold_read_of_2gib_stays_under_128mib_anonymous() {
     let sources = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let path = sources.path().join("big.npy");
