@@ -107,7 +107,7 @@ mod tests {
             Region::new(vec![0, 3, 1], vec![7, 4, 4]),
             Region::new(vec![2, 0, 0], vec![3, 9, 5]),
         ] {
-            let mut out = vec![0u8; crop.volume() as usize * itemsize];
+            let mut out = vec![0u8; crop.num_elements().unwrap() as usize * itemsize];
             for z in (0..7).step_by(3) {
                 for y in (0..9).step_by(4) {
                     let chunk = Region::new(vec![z, y, 0], vec![(z + 3).min(7), (y + 4).min(9), 5]);

@@ -373,12 +373,13 @@ impl Client {
         plan: &Plan,
         mut progress: Option<&mut (dyn FnMut(usize, usize) + Send)>,
     ) -> Result<ArrayData, ClientError> {
-        let elements = plan.crop.volume();
-        let size = elements
-            .checked_mul(plan.itemsize as u128)
+        let size = plan
+            .crop
+            .num_elements()
+            .and_then(|n| n.checked_mul(plan.itemsize as u64))
             .and_then(|b| usize::try_from(b).ok())
-            .ok_or(ClientError::TooLarge {
-                elements,
+            .ok_or_else(|| ClientError::TooLarge {
+                shape: plan.crop.shape(),
                 itemsize: plan.itemsize,
             })?;
         let mut bytes = vec![0u8; size];
@@ -618,8 +619,8 @@ fn check_chunk(plan: &Plan, chunk: &PlannedChunk, view: &ChunkView) -> Result<us
     }
     let needed = chunk
         .bounds
-        .volume()
-        .checked_mul(plan.itemsize as u128)
+        .num_elements()
+        .and_then(|n| n.checked_mul(plan.itemsize as u64))
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| bad("its byte count overflows".to_string()))?;
     if view.bytes().len() < needed {

@@ -134,10 +134,10 @@ pub enum ClientError {
         source: std::io::Error,
     },
     /// The output would not fit in memory on this platform.
-    #[error("output of {elements} elements of {itemsize} bytes does not fit in memory")]
+    #[error("output of shape {shape:?} with {itemsize} bytes per element does not fit in memory")]
     TooLarge {
-        /// Number of elements.
-        elements: u128,
+        /// Shape of the output.
+        shape: Vec<u64>,
         /// Bytes per element.
         itemsize: usize,
     },

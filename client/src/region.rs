@@ -1,99 +1,9 @@
-//! Boxes `[start, stop)` of an N-dimensional array, and the numpy-like text
-//! form the CLI accepts (`0:10,:,100:`).
+//! Checks of the protocol's [`Region`] boxes against an array, and the numpy-like text form
+//! the CLI accepts (`0:10,:,100:`).
+
+pub use tessera_proto::region::Region;
 
 use crate::error::ClientError;
-
-/// A box `[start, stop)` per axis, in element coordinates.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Region {
-    /// Inclusive start per axis.
-    pub start: Vec<u64>,
-    /// Exclusive stop per axis.
-    pub stop: Vec<u64>,
-}
-
-impl Region {
-    /// A region from its corners.
-    pub fn new(start: Vec<u64>, stop: Vec<u64>) -> Region {
-        Region { start, stop }
-    }
-
-    /// The whole of an array of `shape`.
-    pub fn whole(shape: &[u64]) -> Region {
-        Region {
-            start: vec![0; shape.len()],
-            stop: shape.to_vec(),
-        }
-    }
-
-    /// Number of axes.
-    pub fn rank(&self) -> usize {
-        self.start.len()
-    }
-
-    /// Extent per axis (`stop - start`, 0 where stop ≤ start).
-    pub fn shape(&self) -> Vec<u64> {
-        self.start
-            .iter()
-            .zip(&self.stop)
-            .map(|(a, b)| b.saturating_sub(*a))
-            .collect()
-    }
-
-    /// Number of elements in the box.
-    pub fn volume(&self) -> u128 {
-        self.shape().iter().map(|&d| u128::from(d)).product()
-    }
-
-    /// Checks that the region has `shape`'s rank and lies inside `[0, shape)`.
-    pub fn check_within(&self, shape: &[u64]) -> Result<(), ClientError> {
-        if self.start.len() != shape.len() || self.stop.len() != shape.len() {
-            return Err(ClientError::Region {
-                reason: format!(
-                    "region has {} start and {} stop values, but the array has {} axes",
-                    self.start.len(),
-                    self.stop.len(),
-                    shape.len()
-                ),
-            });
-        }
-        for (axis, ((&a, &b), &dim)) in self.start.iter().zip(&self.stop).zip(shape).enumerate() {
-            if a > b || b > dim {
-                return Err(ClientError::Region {
-                    reason: format!("axis {axis} is [{a}, {b}), outside [0, {dim}] or reversed"),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The intersection with `other`, or `None` when it is empty.
-    pub fn intersect(&self, other: &Region) -> Option<Region> {
-        let start: Vec<u64> = self
-            .start
-            .iter()
-            .zip(&other.start)
-            .map(|(a, b)| *a.max(b))
-            .collect();
-        let stop: Vec<u64> = self
-            .stop
-            .iter()
-            .zip(&other.stop)
-            .map(|(a, b)| *a.min(b))
-            .collect();
-        start
-            .iter()
-            .zip(&stop)
-            .all(|(a, b)| a < b)
-            .then_some(Region { start, stop })
-    }
-}
-
-impl std::fmt::Display for Region {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}..{:?}", self.start, self.stop)
-    }
-}
 
 /// Parses a numpy-like region for an array of `shape`: one comma-separated
 /// item per axis, each `a:b`, `a:`, `:b`, `:` or a single index `i` (kept as
@@ -214,17 +124,5 @@ mod tests {
             let err = parse_region(text, &shape).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
         }
-    }
-
-    #[test]
-    fn intersection_and_bounds() {
-        let a = Region::new(vec![0, 0], vec![10, 10]);
-        let b = Region::new(vec![5, 8], vec![20, 9]);
-        assert_eq!(a.intersect(&b), Some(Region::new(vec![5, 8], vec![10, 9])));
-        assert_eq!(a.intersect(&Region::new(vec![10, 0], vec![11, 1])), None);
-        assert!(b.check_within(&[20, 9]).is_ok());
-        let err = b.check_within(&[19, 9]).unwrap_err().to_string();
-        assert!(err.contains("axis 0"), "{err}");
-        assert!(b.check_within(&[20]).is_err());
     }
 }

@@ -47,7 +47,7 @@ async fn pin_limit_turns_views_into_copies() {
 
     // A limit of about one chunk: the held views never pin more than it, the
     // rest are copies, and the bytes are right.
-    let limit = plan.chunks[0].bounds.volume() as u64 * 2 + 4096;
+    let limit = plan.chunks[0].bounds.num_elements().unwrap() * 2 + 4096;
     let tight = Client::connect(&server.url, options(true).with_pin_limit(Some(limit)))
         .await
         .unwrap();

@@ -10,6 +10,7 @@
 //! * [`json`]: the JSON bodies of the `health`, `chunk_locate` and
 //!   `cache_stats` actions.
 //! * [`ticket`]: ticket and GetFlightInfo command helpers.
+//! * [`region`]: the `[start, stop)` boxes plans, endpoints and chunk ids carry.
 //!
 //! ```
 //! use tessera_proto::{chunk_ticket, decode_ticket, TicketPayload};
@@ -24,6 +25,7 @@
 pub mod consts;
 pub mod error;
 pub mod json;
+pub mod region;
 pub mod schema;
 pub mod ticket;
 
@@ -38,6 +40,7 @@ pub mod pb {
 pub use consts::*;
 pub use error::ProtoError;
 pub use json::{ActionBody, CacheBackend, CacheStats, ChunkLocateReply, ChunkLocation, Health};
+pub use region::Region;
 pub use schema::{chunk_schema, plan_schema};
 pub use ticket::{
     TicketPayload, catalog_ticket, chunk_ticket, decode_flight_request, decode_ticket,

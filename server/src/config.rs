@@ -484,33 +484,10 @@ pub fn default_cache_dir() -> PathBuf {
     std::env::temp_dir().join("tessera-cache")
 }
 
-/// Parses `123`, `64MiB`, `4GiB`, `500MB`, `1.5GiB` (binary and decimal units, case-insensitive).
+/// Parses `123`, `64MiB`, `4GiB`, `500MB`, `1.5GiB` (binary and decimal units,
+/// case-insensitive): the client's parser, so the CLI and the server read sizes alike.
 pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| ConfigError::Size(text.to_string()))?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        "t" | "tb" => 1_000_000_000_000,
-        "tib" => 1 << 40,
-        _ => return Err(ConfigError::Size(text.to_string())),
-    };
-    let bytes = value * multiplier as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(ConfigError::Size(text.to_string()));
-    }
-    Ok(bytes as u64)
+    tessera_client::parse_size(text).ok_or_else(|| ConfigError::Size(text.to_string()))
 }
 
 #[cfg(test)]

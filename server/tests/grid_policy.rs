@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use tessera_server::grid::{
-    ChunkGrid, DEFAULT_TARGET_CHUNK_BYTES, GridError, MAX_CHUNK_BYTES, Region,
+    ChunkGrid, DEFAULT_TARGET_CHUNK_BYTES, GridError, MAX_CHUNK_BYTES, Region, element_range,
 };
 
 const MIB: u64 = 1 << 20;
@@ -248,7 +248,7 @@ proptest! {
             let hi = flats.iter().max().map_or(lo, |m| m + 1);
             prop_assert_eq!(hi - lo, flats.len() as u64, "{:?} not contiguous", cell);
             if volume > 0 {
-                prop_assert_eq!(cell.element_range(&shape, fortran), Some(lo..hi));
+                prop_assert_eq!(element_range(&cell, &shape, fortran), Some(lo..hi));
             }
         }
         prop_assert_eq!(count, g.num_chunks());

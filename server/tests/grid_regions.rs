@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use tessera_server::grid::{ChunkGrid, GridError, Region};
+use tessera_server::grid::{ChunkGrid, GridError, Region, element_range};
 
 fn r(start: &[u64], stop: &[u64]) -> Region {
     Region::new(start.to_vec(), stop.to_vec())
@@ -169,28 +169,37 @@ fn element_ranges() {
     let shape = [4, 5, 6];
     // Rows 2..4 of plane 1: one run in C order.
     assert_eq!(
-        r(&[1, 2, 0], &[2, 4, 6]).element_range(&shape, false),
+        element_range(&r(&[1, 2, 0], &[2, 4, 6]), &shape, false),
         Some(42..54)
     );
     // A column block is not contiguous in C order.
-    assert_eq!(r(&[1, 2, 0], &[2, 4, 3]).element_range(&shape, false), None);
+    assert_eq!(
+        element_range(&r(&[1, 2, 0], &[2, 4, 3]), &shape, false),
+        None
+    );
     // Mirrored for Fortran order: axis 0 fastest.
     assert_eq!(
-        r(&[0, 0, 2], &[4, 5, 3]).element_range(&shape, true),
+        element_range(&r(&[0, 0, 2], &[4, 5, 3]), &shape, true),
         Some(40..60)
     );
-    assert_eq!(r(&[0, 0, 2], &[4, 5, 3]).element_range(&shape, false), None);
+    assert_eq!(
+        element_range(&r(&[0, 0, 2], &[4, 5, 3]), &shape, false),
+        None
+    );
     // A single element, an empty region, and refusals.
     assert_eq!(
-        r(&[3, 4, 5], &[4, 5, 6]).element_range(&shape, false),
+        element_range(&r(&[3, 4, 5], &[4, 5, 6]), &shape, false),
         Some(119..120)
     );
     assert_eq!(
-        r(&[1, 2, 3], &[1, 4, 6]).element_range(&shape, false),
+        element_range(&r(&[1, 2, 3], &[1, 4, 6]), &shape, false),
         Some(45..45)
     );
-    assert_eq!(r(&[0, 0, 0], &[4, 5, 7]).element_range(&shape, false), None);
-    assert_eq!(r(&[0, 0], &[4, 5]).element_range(&shape, false), None);
+    assert_eq!(
+        element_range(&r(&[0, 0, 0], &[4, 5, 7]), &shape, false),
+        None
+    );
+    assert_eq!(element_range(&r(&[0, 0], &[4, 5]), &shape, false), None);
 }
 
 /// Every index of a region, in C order.

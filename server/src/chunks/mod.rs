@@ -415,7 +415,7 @@ fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
     if !header.is_c_layout() {
         return None;
     }
-    let elements = id.region().element_range(&header.shape, false)?;
+    let elements = crate::grid::element_range(id.region(), &header.shape, false)?;
     let itemsize = tensor.itemsize();
     let offset = header
         .data_offset

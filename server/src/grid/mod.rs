@@ -55,7 +55,7 @@ mod region;
 
 pub use cells::Cells;
 pub use labels::{AxisRole, default_dim_labels, normalize_label};
-pub use region::Region;
+pub use region::{Region, element_range};
 
 /// The hard cap on the bytes of one chunk: 64 MiB. Exactly 64 MiB is allowed.
 pub const MAX_CHUNK_BYTES: u64 = 67_108_864;
