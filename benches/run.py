@@ -252,13 +252,22 @@ def worker_main(job: dict) -> None:
         if job.get("plan_first"):
             for i in ids:
                 client.get_tensor(i)
+        import resource
+
         times = []
+        before = resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(job["reps"]):
             t0 = time.perf_counter()
             for i in ids:
                 client.get_tensor(i).compute()
             times.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        reps = max(job["reps"], 1)
         out["times"] = times
+        # The client's own cost per read: CPU of all its threads, and minor page faults
+        # (fresh pages it allocated and touched).
+        out["client_cpu"] = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / reps
+        out["client_minflt"] = (after.ru_minflt - before.ru_minflt) / reps
     elif kind == "latency":
         from biopb.tensor._session import _read_option, _tensor_read_cmd
 
@@ -382,6 +391,7 @@ def measure_reads(server, ids, paths, mode, reps, label, results, sampler=True):
     cpu = (server.cpu_seconds() - cpu0) / max(reps, 1)
     after = cache_stats(server.location)
     row = {"times": r["times"], "cpu": cpu, "private_kib": mem.private, "anon_kib": mem.anon,
+           "client_cpu": r.get("client_cpu"), "client_minflt": r.get("client_minflt"),
            "locates": after["locates"] - mid_stats["locates"],
            "do_gets": after["do_gets"] - mid_stats["do_gets"]}
     if mode == "mmap" and row["locates"] == 0:
@@ -391,7 +401,8 @@ def measure_reads(server, ids, paths, mode, reps, label, results, sampler=True):
     del before_stats
     results[label] = row
     print(f"  {label:28s} median {median(r['times']) * 1e3:8.1f} ms  server CPU {cpu * 1e3:7.1f} ms/read"
-          f"  private {mem.private / 1024:6.1f} MiB  anon {mem.anon / 1024:6.1f} MiB", flush=True)
+          f"  private {mem.private / 1024:6.1f} MiB  anon {mem.anon / 1024:6.1f} MiB"
+          f"  client CPU {r['client_cpu'] * 1e3:7.1f} ms/read, {r['client_minflt']:.0f} faults/read", flush=True)
     return row
 
 
@@ -487,8 +498,8 @@ def machine() -> str:
 
 
 def results_table(res, anchors_by_name, reps) -> str:
-    lines = ["| measurement | median ms | MB/s | vs np.load | vs memcpy | vs loopback TCP | server CPU ms/read | server private RSS peak MiB | server anon RSS peak MiB | reference | target |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| measurement | median ms | MB/s | vs np.load | vs memcpy | vs loopback TCP | server CPU ms/read | client CPU ms/read | client page faults/read | server private RSS peak MiB | server anon RSS peak MiB | reference | target |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for label, row in res.items():
         name = label.split()[0]
         a = anchors_by_name.get(name)
@@ -503,7 +514,9 @@ def results_table(res, anchors_by_name, reps) -> str:
         cpu = "" if row["cpu"] != row["cpu"] else f"{row['cpu'] * 1e3:.1f}"
         priv = f"{row['private_kib'] / 1024:.1f}" if row["private_kib"] else ""
         anon = f"{row['anon_kib'] / 1024:.1f}" if row["anon_kib"] else ""
-        lines.append(f"| {label} | {fmt_ms(t)} | {mbs} | {' | '.join(ratios)} | {cpu} | {priv} | {anon} | {ref} | {target} |")
+        ccpu = f"{row['client_cpu'] * 1e3:.1f}" if row.get("client_cpu") is not None else ""
+        cflt = f"{row['client_minflt']:.0f}" if row.get("client_minflt") is not None else ""
+        lines.append(f"| {label} | {fmt_ms(t)} | {mbs} | {' | '.join(ratios)} | {cpu} | {ccpu} | {cflt} | {priv} | {anon} | {ref} | {target} |")
     for name, a in anchors_by_name.items():
         nb = a["bytes"]
         for k, title in (("np_load", "np.load (warm)"), ("memcpy", "memcpy (touched dst)"),
@@ -511,7 +524,7 @@ def results_table(res, anchors_by_name, reps) -> str:
             if k not in a:
                 continue
             t = median(a[k])
-            lines.append(f"| {name} anchor: {title} | {fmt_ms(t)} | {nb / t / 1e6:.0f} | | | | | | | | |")
+            lines.append(f"| {name} anchor: {title} | {fmt_ms(t)} | {nb / t / 1e6:.0f} | | | | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -565,7 +578,8 @@ connection opened (tensor planned) before the clock starts. Anchors, same run, s
 `np.load` of the same file (page cache warm; it allocates a fresh array each time),
 `np.copyto` into a preallocated touched array (memcpy), one loopback TCP connection
 (`sendall`/`recv_into`). Server CPU is user+system time from `/proc/PID/stat` over the
-timed repetitions, divided by the repetitions. The *Rust client* rows time the `tessera get`
+timed repetitions, divided by the repetitions; client CPU and page faults are the biopb
+process's own (`getrusage`: user+system time of all its threads, minor faults) per warm read. The *Rust client* rows time the `tessera get`
 command end to end (process start, connect, read, and writing the `.npy` to `/dev/shm`, one
 extra copy into fresh pages), so they are an upper bound of the library's cost. Private RSS is the peak of
 `Private_Clean + Private_Dirty` in `/proc/PID/smaps_rollup` sampled every 20 ms while the
