@@ -219,6 +219,7 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
             "  waits on eviction:  {} ({} over budget)",
             s.budget_waits, s.budget_overruns
         ),
+        format!("  decoded ahead:      {}", s.read_aheads),
         format!("  oversized skips:    {}", s.oversized_skips),
         format!(
             "  segments:           {} ({} unlinked, maybe still mapped)",
@@ -321,6 +322,7 @@ mod tests {
             do_gets: 5,
             budget_waits: 6,
             budget_overruns: 0,
+            read_aheads: 7,
             backend: tessera_proto::json::CacheBackend::File,
         };
         let text = format_stats("grpc://h:1", &stats);
@@ -331,6 +333,7 @@ mod tests {
             "size:               3.0 MiB of 10.0 GiB max",
             "hits / misses:      3 / 1 (75.0% hits)",
             "evictions:          2 (1 skipped while referenced)",
+            "decoded ahead:      7",
             "segments:           4 (0 B unlinked",
             "served by mmap:     9 chunk_locate",
             "served by socket:   5 do_get",

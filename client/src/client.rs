@@ -383,6 +383,7 @@ impl Client {
                 itemsize: plan.itemsize,
             })?;
         let mut bytes = vec![0u8; size];
+        crate::mapping::advise_huge_pages(&mut bytes);
         let needed: Vec<&PlannedChunk> = plan.needed_chunks().collect();
         let total = needed.len();
         let mut fetches = futures::stream::iter(needed.into_iter().map(|chunk| async move {

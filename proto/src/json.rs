@@ -202,8 +202,8 @@ pub enum CacheBackend {
 }
 
 /// Reply of the `cache_stats` action: the reference server's keys plus Tessera's
-/// `unlinked_bytes`, `segments`, `locates`, `do_gets`, `budget_waits`, `budget_overruns`
-/// and `backend`.
+/// `unlinked_bytes`, `segments`, `locates`, `do_gets`, `budget_waits`, `budget_overruns`,
+/// `read_aheads` and `backend`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheStats {
     /// Chunks held in the cache.
@@ -241,6 +241,10 @@ pub struct CacheStats {
     /// Appends admitted over the budget because eviction freed nothing in time.
     #[serde(default)]
     pub budget_overruns: u64,
+    /// Chunks queued for decoding ahead of a sequential reader (read-ahead). Absent (0)
+    /// from servers without read-ahead.
+    #[serde(default)]
+    pub read_aheads: u64,
     /// Storage holding the cache.
     pub backend: CacheBackend,
 }

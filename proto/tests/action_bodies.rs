@@ -140,6 +140,7 @@ fn cache_stats_has_reference_and_tessera_keys() {
         do_gets: 14,
         budget_waits: 15,
         budget_overruns: 16,
+        read_aheads: 17,
         backend: CacheBackend::File,
     };
     let value = as_json(&stats.to_body().unwrap());
@@ -166,6 +167,7 @@ fn cache_stats_has_reference_and_tessera_keys() {
         "do_gets",
         "budget_waits",
         "budget_overruns",
+        "read_aheads",
         "backend",
     ];
     expected.sort_unstable();

@@ -290,6 +290,12 @@ impl Store {
         self.inner.append_from_file(key, meta, src, check)
     }
 
+    /// Whether `key` is stored. Unlike [`Store::locate`] it counts nothing and leaves the
+    /// segment's recency alone: for callers deciding whether to fill a key, not readers.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.inner.index.get(key).is_some()
+    }
+
     /// Where `key` lives, if stored: one map lookup (counts a hit or a miss and refreshes the
     /// segment's recency).
     pub fn locate(&self, key: &[u8]) -> Option<Location> {
@@ -371,6 +377,11 @@ impl Store {
             unlinked_bytes: c.unlinked_bytes.load(Ordering::Relaxed),
             segments: inner.segments.lock().len() as u64,
         }
+    }
+
+    /// The byte budget the store evicts down to.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_bytes
     }
 
     /// The cache directory (canonical).

@@ -7,6 +7,7 @@
 //! sources = ["/data/volumes", "/data/cells.npy"]
 //! token_file = "/etc/tessera/token"     # or: token = "…"
 //! chunk_target = "8MiB"
+//! read_ahead = "32MiB"                   # decode ahead of sequential readers; "0" turns it off
 //!
 //! [cache]
 //! kind = "file"                          # or "memory"
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::chunks::DEFAULT_READ_AHEAD_BYTES;
 use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::source::watch::DEFAULT_WATCH_INTERVAL;
@@ -138,6 +140,8 @@ pub struct ConfigFile {
     pub token_file: Option<PathBuf>,
     /// Target chunk size, as a size string.
     pub chunk_target: Option<String>,
+    /// Read-ahead budget, as a size string.
+    pub read_ahead: Option<String>,
     /// Cache settings.
     pub cache: Option<CacheFile>,
     /// TLS settings.
@@ -211,6 +215,10 @@ pub struct ServeArgs {
     /// Target chunk size below the 64MiB cap, e.g. 8MiB [default: 8MiB].
     #[arg(long, env = "TESSERA_CHUNK_TARGET", value_name = "SIZE")]
     pub chunk_target: Option<String>,
+    /// Bytes of chunks decoded ahead of a reader walking a tensor in order, e.g. 32MiB;
+    /// 0 turns read-ahead off [default: 32MiB].
+    #[arg(long, env = "TESSERA_READ_AHEAD", value_name = "SIZE")]
+    pub read_ahead: Option<String>,
     /// TOML config file; flags and environment override it.
     #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -257,6 +265,8 @@ pub struct ServeConfig {
     pub token: Option<String>,
     /// Target chunk size.
     pub chunk_target: u64,
+    /// Read-ahead budget in bytes (0: off).
+    pub read_ahead_bytes: u64,
     /// TLS certificate chain and key (PEM files), if the server speaks TLS.
     pub tls: Option<TlsPaths>,
     /// Cache files readable by the server's group (0640) rather than its user only (0600).
@@ -295,6 +305,7 @@ impl ServeConfig {
             allow_network_cache: false,
             token: None,
             chunk_target: DEFAULT_TARGET_CHUNK_BYTES,
+            read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             tls: None,
             cache_group_readable: false,
             source_options: BTreeMap::new(),
@@ -375,6 +386,10 @@ impl ServeConfig {
                 "chunk target {chunk_target} bytes is outside 1 byte ..= 64MiB"
             )));
         }
+        let read_ahead_bytes = match args.read_ahead.or(file.read_ahead) {
+            Some(s) => parse_size(&s)?,
+            None => DEFAULT_READ_AHEAD_BYTES,
+        };
         let cache_max_bytes = match args.cache_max_bytes.or(cache_file.max_bytes) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
@@ -393,6 +408,7 @@ impl ServeConfig {
                 || cache_file.allow_network.unwrap_or(false),
             token,
             chunk_target,
+            read_ahead_bytes,
             tls,
             cache_group_readable: args.cache_group_readable
                 || cache_file.group_readable.unwrap_or(false),

@@ -118,7 +118,8 @@ impl Daemon {
             .map_or(2, |n| n.get())
             .max(2);
         let chunks = ChunkService::new(backend, config.memory_cache_bytes, decoders)
-            .map_err(|e| DaemonError::Cache(e.to_string()))?;
+            .map_err(|e| DaemonError::Cache(e.to_string()))?
+            .with_read_ahead(config.read_ahead_bytes);
         let chunks = Arc::new(chunks);
         let state = Arc::new(ServiceState::new(registry, options, chunks));
         state.scan_status().finish();

@@ -257,6 +257,11 @@ fn render_cache(out: &mut String, state: &ServiceState) {
             "Cache appends admitted over budget because eviction stalled.",
             stats.budget_overruns,
         ),
+        (
+            "read_aheads",
+            "Chunks queued for decoding ahead of a sequential reader.",
+            stats.read_aheads,
+        ),
     ] {
         counter(out, &format!("tessera_cache_{name}_total"), help, value);
     }

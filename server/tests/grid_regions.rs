@@ -293,3 +293,23 @@ proptest! {
         prop_assert_eq!(via_snapped, via_request);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// `cell_at` walks the cells of the whole tensor in the order `cells` yields
+    /// them, `cell_index` maps each back to its position, and both refuse what is
+    /// past the end or not a cell.
+    #[test]
+    fn cell_positions_follow_c_order((grid, _request) in grid_and_region()) {
+        let whole = Region::new(vec![0; grid.shape().len()], grid.shape().to_vec());
+        let cells: Vec<Region> = grid.cells(&whole).unwrap().collect();
+        prop_assert_eq!(cells.len() as u64, grid.num_chunks());
+        for (i, cell) in cells.iter().enumerate() {
+            prop_assert_eq!(grid.cell_at(i as u64), Some(cell.clone()));
+            prop_assert_eq!(grid.cell_index(cell), Some(i as u64));
+        }
+        prop_assert_eq!(grid.cell_at(grid.num_chunks()), None);
+        prop_assert_eq!(grid.cell_index(&whole).is_some(), cells.len() == 1);
+    }
+}

@@ -19,14 +19,20 @@
 //!        └──────────▶ locatable, readable zero-copy ◀┘
 //! ```
 //!
+//! A request that continues a walk over the grid (its neighbouring cell is cached or
+//! decoding) also queues background decodes of the next cells in that direction
+//! ([`readahead`]), through the same single flight and decode permits.
+//!
 //! When an append fails (disk full, I/O error) the chunk is still served over
 //! `do_get` from memory, the failure is logged once, and caching resumes on the
 //! next append that succeeds.
 
 mod buffers;
 mod memory;
+mod readahead;
 mod single_flight;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -37,6 +43,7 @@ use tokio::sync::Semaphore;
 
 use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
+use crate::grid::Region;
 use crate::source::npy::NpyError;
 use crate::source::registry::Tensor;
 use buffers::BufferPool;
@@ -84,6 +91,11 @@ enum Materialized {
     InMemory(EncodedChunk),
 }
 
+/// Default read-ahead budget: how many bytes of chunks a sequential reader's next
+/// requests may be decoded ahead of it. Four 8 MiB chunks keep two decoders busy
+/// while the reader's transfers run; more only holds cache room longer.
+pub const DEFAULT_READ_AHEAD_BYTES: u64 = 32 << 20;
+
 /// Decodes, caches and serves chunks.
 pub struct ChunkService {
     backend: Backend,
@@ -91,6 +103,9 @@ pub struct ChunkService {
     flight: SingleFlight<Result<Materialized, ServiceError>>,
     buffers: BufferPool,
     decode_permits: Semaphore,
+    read_ahead_bytes: u64,
+    /// Keys queued for decoding ahead and not finished yet.
+    queued_ahead: parking_lot::Mutex<HashSet<Vec<u8>>>,
     schema_header: Bytes,
     write_failing: AtomicBool,
     memory_hits: AtomicU64,
@@ -98,6 +113,7 @@ pub struct ChunkService {
     pending_waits: AtomicU64,
     locates: AtomicU64,
     do_gets: AtomicU64,
+    read_aheads: AtomicU64,
 }
 
 impl ChunkService {
@@ -120,6 +136,8 @@ impl ChunkService {
             flight: SingleFlight::default(),
             buffers: BufferPool::new(max_decodes),
             decode_permits: Semaphore::new(max_decodes.max(1)),
+            read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
+            queued_ahead: parking_lot::Mutex::new(HashSet::new()),
             schema_header,
             write_failing: AtomicBool::new(false),
             memory_hits: AtomicU64::new(0),
@@ -127,7 +145,17 @@ impl ChunkService {
             pending_waits: AtomicU64::new(0),
             locates: AtomicU64::new(0),
             do_gets: AtomicU64::new(0),
+            read_aheads: AtomicU64::new(0),
         })
+    }
+
+    /// Sets the read-ahead budget in bytes (0 turns read-ahead off). The default,
+    /// [`DEFAULT_READ_AHEAD_BYTES`], lets cold sequential reads overlap decoding with
+    /// sending; the window never exceeds a quarter of the file cache, and the memory
+    /// backend does not read ahead (its cache is RAM the reader may never claim).
+    pub fn with_read_ahead(mut self, bytes: u64) -> Self {
+        self.read_ahead_bytes = bytes;
+        self
     }
 
     /// The flatbuffer header of the schema message that precedes every chunk on `do_get`.
@@ -143,18 +171,21 @@ impl ChunkService {
     ) -> ServiceResult<EncodedChunk> {
         self.do_gets.fetch_add(1, Ordering::Relaxed);
         let key = id.segment_key();
-        if let Some(chunk) = self.cached(&key)? {
-            return Ok(chunk);
-        }
-        match self.materialize(tensor, id, &key).await? {
-            Materialized::InMemory(chunk) => Ok(chunk),
-            Materialized::Stored => self.cached(&key)?.ok_or_else(|| {
-                ServiceError::Internal(format!(
-                    "chunk of '{}' was stored but cannot be read back",
-                    id.array_id()
-                ))
-            }),
-        }
+        let chunk = match self.cached(&key)? {
+            Some(chunk) => chunk,
+            None => match self.materialize(tensor, id, &key).await? {
+                Materialized::InMemory(chunk) => chunk,
+                Materialized::Stored => self.cached(&key)?.ok_or_else(|| {
+                    ServiceError::Internal(format!(
+                        "chunk of '{}' was stored but cannot be read back",
+                        id.array_id()
+                    ))
+                })?,
+            },
+        };
+        // After this chunk's own decode, so the request is never queued behind its read-ahead.
+        self.read_ahead(tensor, id);
+        Ok(chunk)
     }
 
     /// Where the chunk lives in a segment file, decoding it first if it is cold.
@@ -184,11 +215,61 @@ impl ChunkService {
         match found {
             Some(location) => {
                 self.locates.fetch_add(1, Ordering::Relaxed);
+                self.read_ahead(tensor, id);
                 Ok(Ok(location))
             }
             None => Ok(Err(
                 "the chunk was evicted before it could be located".to_string()
             )),
+        }
+    }
+
+    /// Starts background decodes of the cold chunks a sequential reader of `tensor` will
+    /// ask for after `id` (policy in [`readahead`]); returns at once. Decodes ahead share
+    /// the decode permits and the single flight with requests, so a request for a chunk
+    /// being decoded ahead waits for that decode instead of starting another.
+    /// Nothing is read ahead while appends fail: a chunk decoded ahead would only land in
+    /// the memory fallback.
+    fn read_ahead(self: &Arc<Self>, tensor: &Arc<Tensor>, id: &ChunkId) {
+        let Backend::File(store) = &self.backend else {
+            return;
+        };
+        if self.write_failing.load(Ordering::Relaxed) {
+            return;
+        }
+        let window = readahead::window_chunks(
+            self.read_ahead_bytes,
+            tensor.grid.chunk_bytes(tensor.itemsize()),
+            store.max_bytes(),
+        );
+        let chunk_of = |region: &Region| ChunkId::new(id.array_id(), id.version(), region.clone());
+        let present = |region: &Region| match chunk_of(region) {
+            Ok(chunk) => {
+                let key = chunk.segment_key();
+                store.contains(&key)
+                    || self.flight.is_running(&key)
+                    || self.queued_ahead.lock().contains(&key)
+            }
+            Err(_) => true,
+        };
+        for region in readahead::cells_ahead(&tensor.grid, id.region(), window, present) {
+            let Ok(next) = chunk_of(&region) else {
+                continue;
+            };
+            let key = next.segment_key();
+            // Two requests may pick the same cell: only the first queues it.
+            if !self.queued_ahead.lock().insert(key.clone()) {
+                continue;
+            }
+            self.read_aheads.fetch_add(1, Ordering::Relaxed);
+            let service = self.clone();
+            let tensor = tensor.clone();
+            tokio::spawn(async move {
+                if let Err(err) = service.materialize(&tensor, &next, &key).await {
+                    tracing::debug!(array_id = next.array_id(), chunk = ?next.region(), error = %err, "decoding ahead failed; the chunk is decoded when requested");
+                }
+                service.queued_ahead.lock().remove(&key);
+            });
         }
     }
 
@@ -352,6 +433,7 @@ impl ChunkService {
         let pending = self.pending_waits.load(Ordering::Relaxed);
         let locates = self.locates.load(Ordering::Relaxed);
         let do_gets = self.do_gets.load(Ordering::Relaxed);
+        let read_aheads = self.read_aheads.load(Ordering::Relaxed);
         match &self.backend {
             Backend::File(store) => {
                 let s = store.stats();
@@ -373,6 +455,7 @@ impl ChunkService {
                     do_gets,
                     budget_waits: s.budget_waits,
                     budget_overruns: s.budget_overruns,
+                    read_aheads,
                 }
             }
             Backend::Memory { .. } => CacheStats {
@@ -393,6 +476,7 @@ impl ChunkService {
                 do_gets,
                 budget_waits: 0,
                 budget_overruns: 0,
+                read_aheads,
             },
         }
     }

@@ -22,6 +22,11 @@ impl<V: Clone> Default for SingleFlight<V> {
 }
 
 impl<V: Clone> SingleFlight<V> {
+    /// Whether a run for `key` is under way.
+    pub fn is_running(&self, key: &[u8]) -> bool {
+        self.in_flight.lock().contains_key(key)
+    }
+
     /// Runs `work` for `key` unless a run for the same key is already under way,
     /// in which case its result is awaited and shared. Returns the value and
     /// whether this call waited on another's run.

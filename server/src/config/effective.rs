@@ -46,6 +46,10 @@ pub fn render(config: &ServeConfig) -> String {
         "chunk_target".into(),
         Value::String(size_string(config.chunk_target)),
     );
+    top.insert(
+        "read_ahead".into(),
+        Value::String(size_string(config.read_ahead_bytes)),
+    );
     top.insert("watch".into(), Value::Boolean(config.watch));
     top.insert(
         "watch_interval".into(),

@@ -344,6 +344,47 @@ impl ChunkGrid {
         })
     }
 
+    /// The position of a grid cell in the C order of all cells (`None` when `cell`
+    /// is not a cell of this grid). The inverse of [`ChunkGrid::cell_at`].
+    pub fn cell_index(&self, cell: &Region) -> Option<u64> {
+        if !self.is_cell(cell) {
+            return None;
+        }
+        let mut index = 0u64;
+        for (((&dim, &chunk), &start), cells) in self
+            .shape
+            .iter()
+            .zip(&self.chunk)
+            .zip(&cell.start)
+            .zip(self.grid_dims())
+        {
+            let i = if dim == 0 { 0 } else { start / chunk };
+            index = index.checked_mul(cells)?.checked_add(i)?;
+        }
+        Some(index)
+    }
+
+    /// The grid cell at position `index` of the C order of all cells, with
+    /// bounds clipped to the shape (`None` past the last cell).
+    pub fn cell_at(&self, index: u64) -> Option<Region> {
+        if index >= self.num_chunks() {
+            return None;
+        }
+        let dims = self.grid_dims();
+        let rank = self.shape.len();
+        let (mut start, mut stop) = (vec![0; rank], vec![0; rank]);
+        let mut rest = index;
+        for a in (0..rank).rev() {
+            let i = rest % dims[a];
+            rest /= dims[a];
+            if self.shape[a] != 0 {
+                start[a] = i * self.chunk[a];
+                stop[a] = start[a].saturating_add(self.chunk[a]).min(self.shape[a]);
+            }
+        }
+        Some(Region { start, stop })
+    }
+
     /// Validates a request region against the tensor.
     fn check_region(&self, region: &Region) -> Result<(), GridError> {
         let rank = self.shape.len();

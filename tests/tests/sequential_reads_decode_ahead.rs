@@ -1,0 +1,146 @@
+//! A client walking a tensor's chunks in grid order gets the next chunks decoded before it
+//! asks (read-ahead); a client jumping around does not, and read-ahead can be turned off.
+//! Chunks decoded ahead are served from the cache with the source's exact bytes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use arrow_flight::{FlightClient, Ticket};
+use tessera_e2e::*;
+
+/// 10 planes of 64 KiB: one chunk per plane at a 64 KiB chunk target.
+const SHAPE: [u64; 3] = [10, 64, 1024];
+const PLANE: u64 = 64 * 1024;
+
+async fn stats(client: &mut FlightClient) -> serde_json::Value {
+    action_json(client, "cache_stats", Vec::new()).await
+}
+
+/// Waits until the cache holds `entries` chunks (decodes ahead run in the background).
+async fn wait_for_entries(client: &mut FlightClient, entries: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = stats(client).await;
+        if s["total_entries"] == entries {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cache never reached {entries} entries: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn plan(client: &mut FlightClient) -> Vec<Ticket> {
+    let info = client
+        .get_flight_info(read_descriptor("vol", None))
+        .await
+        .unwrap();
+    let bounds = endpoint_bounds(&info);
+    assert_eq!(bounds.len(), SHAPE[0] as usize, "one chunk per plane");
+    for (i, (start, _, _)) in bounds.iter().enumerate() {
+        assert_eq!(start[0], i as i64, "endpoints in grid order");
+    }
+    bounds.into_iter().map(|(_, _, ticket)| ticket).collect()
+}
+
+fn volume(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
+    let data = pattern((SHAPE.iter().product::<u64>()) as usize, 11);
+    let path = dir.join("vol.npy");
+    write_npy(&path, "|u1", &SHAPE, &data);
+    (path, data)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_requests_decode_the_next_chunks_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = volume(dir.path());
+    let server = TestServer::start_with(vec![path], |c| {
+        c.chunk_target = PLANE;
+        c.read_ahead_bytes = 3 * PLANE;
+    })
+    .await;
+    let mut client = server.client().await;
+    let tickets = plan(&mut client).await;
+
+    // Cell 0 starts a read from the beginning: cells 1..=3 are decoded ahead.
+    fetch_chunk(&mut client, tickets[0].clone()).await;
+    assert_eq!(stats(&mut client).await["read_aheads"], 3);
+    wait_for_entries(&mut client, 4).await;
+
+    // A jump to cell 6 (cell 5 not cached): nothing ahead.
+    fetch_chunk(&mut client, tickets[6].clone()).await;
+    assert_eq!(stats(&mut client).await["read_aheads"], 3, "random access");
+    wait_for_entries(&mut client, 5).await;
+
+    // chunk_locate of cell 4 follows cached cell 3: cells 5 and 7 are decoded ahead
+    // (6 is cached already).
+    let located = action_json(&mut client, "chunk_locate", tickets[4].ticket.to_vec()).await;
+    assert_eq!(located["available"], true, "{located}");
+    assert_eq!(stats(&mut client).await["read_aheads"], 5);
+    let before = wait_for_entries(&mut client, 8).await;
+
+    // Every chunk decoded ahead is a cache hit with the source's bytes.
+    for i in [1usize, 2, 3, 5, 7] {
+        let (bytes, shape, _) = chunk_parts(&fetch_chunk(&mut client, tickets[i].clone()).await);
+        assert_eq!(shape, [1, 64, 1024]);
+        let start = i * PLANE as usize;
+        assert!(
+            bytes == data[start..start + PLANE as usize],
+            "chunk {i} differs from the source"
+        );
+    }
+    let after = stats(&mut client).await;
+    assert_eq!(after["misses"], before["misses"], "{before} -> {after}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_zero_decodes_only_what_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = volume(dir.path());
+    let server = TestServer::start_with(vec![path], |c| {
+        c.chunk_target = PLANE;
+        c.read_ahead_bytes = 0;
+    })
+    .await;
+    let mut client = server.client().await;
+    let tickets = plan(&mut client).await;
+    for (i, ticket) in tickets.iter().enumerate().take(3) {
+        let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, ticket.clone()).await);
+        let start = i * PLANE as usize;
+        assert!(bytes == data[start..start + PLANE as usize]);
+    }
+    // Give a (wrongly) spawned decode time to land before counting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = stats(&mut client).await;
+    assert_eq!(s["read_aheads"], 0, "{s}");
+    assert_eq!(s["total_entries"], 3, "{s}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_from_the_last_chunk_decodes_backward() {
+    // dask schedules an array's blocks from the last one: read-ahead follows it down.
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = volume(dir.path());
+    let server = TestServer::start_with(vec![path], |c| {
+        c.chunk_target = PLANE;
+        c.read_ahead_bytes = 3 * PLANE;
+    })
+    .await;
+    let mut client = server.client().await;
+    let tickets = plan(&mut client).await;
+    fetch_chunk(&mut client, tickets[9].clone()).await;
+    assert_eq!(stats(&mut client).await["read_aheads"], 3);
+    let before = wait_for_entries(&mut client, 4).await;
+    for i in [8usize, 7, 6] {
+        let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, tickets[i].clone()).await);
+        let start = i * PLANE as usize;
+        assert!(bytes == data[start..start + PLANE as usize], "chunk {i}");
+    }
+    let after = stats(&mut client).await;
+    assert_eq!(after["misses"], before["misses"], "{before} -> {after}");
+    server.stop().await;
+}
