@@ -45,102 +45,110 @@ async fn plan(client: &mut FlightClient) -> Vec<Ticket> {
     bounds.into_iter().map(|(_, _, ticket)| ticket).collect()
 }
 
-fn volume(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
-    let data = pattern((SHAPE.iter().product::<u64>()) as usize, 11);
-    let path = dir.join("vol.npy");
-    write_npy(&path, "|u1", &SHAPE, &data);
-    (path, data)
+/// A reader of the 10-plane volume on a fresh server with `read_ahead` bytes of read-ahead.
+struct Reader {
+    server: TestServer,
+    client: FlightClient,
+    tickets: Vec<Ticket>,
+    data: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+impl Reader {
+    async fn start(read_ahead: u64) -> Reader {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern((SHAPE.iter().product::<u64>()) as usize, 11);
+        let path = dir.path().join("vol.npy");
+        write_npy(&path, "|u1", &SHAPE, &data);
+        let server = TestServer::start_with(vec![path], |c| {
+            c.chunk_target = PLANE;
+            c.read_ahead_bytes = read_ahead;
+        })
+        .await;
+        let mut client = server.client().await;
+        let tickets = plan(&mut client).await;
+        Reader {
+            server,
+            client,
+            tickets,
+            data,
+            _dir: dir,
+        }
+    }
+
+    /// Fetches chunk `i` over do_get and checks its bytes against the source.
+    async fn fetch(&mut self, i: usize) {
+        let batch = fetch_chunk(&mut self.client, self.tickets[i].clone()).await;
+        let (bytes, shape, _) = chunk_parts(&batch);
+        assert_eq!(shape, [1, 64, 1024]);
+        let start = i * PLANE as usize;
+        assert!(
+            bytes == self.data[start..start + PLANE as usize],
+            "chunk {i} differs from the source"
+        );
+    }
+
+    async fn stats(&mut self) -> serde_json::Value {
+        stats(&mut self.client).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_requests_decode_the_next_chunks_ahead() {
-    let dir = tempfile::tempdir().unwrap();
-    let (path, data) = volume(dir.path());
-    let server = TestServer::start_with(vec![path], |c| {
-        c.chunk_target = PLANE;
-        c.read_ahead_bytes = 3 * PLANE;
-    })
-    .await;
-    let mut client = server.client().await;
-    let tickets = plan(&mut client).await;
+    let mut r = Reader::start(3 * PLANE).await;
 
     // Cell 0 starts a read from the beginning: cells 1..=3 are decoded ahead.
-    fetch_chunk(&mut client, tickets[0].clone()).await;
-    assert_eq!(stats(&mut client).await["read_aheads"], 3);
-    wait_for_entries(&mut client, 4).await;
+    r.fetch(0).await;
+    assert_eq!(r.stats().await["read_aheads"], 3);
+    wait_for_entries(&mut r.client, 4).await;
 
-    // A jump to cell 6 (cell 5 not cached): nothing ahead.
-    fetch_chunk(&mut client, tickets[6].clone()).await;
-    assert_eq!(stats(&mut client).await["read_aheads"], 3, "random access");
-    wait_for_entries(&mut client, 5).await;
+    // A jump to cell 6 (cells 5 and 7 not cached): nothing ahead.
+    r.fetch(6).await;
+    assert_eq!(r.stats().await["read_aheads"], 3, "random access");
+    wait_for_entries(&mut r.client, 5).await;
 
     // chunk_locate of cell 4 follows cached cell 3: cells 5 and 7 are decoded ahead
     // (6 is cached already).
-    let located = action_json(&mut client, "chunk_locate", tickets[4].ticket.to_vec()).await;
+    let ticket = r.tickets[4].ticket.to_vec();
+    let located = action_json(&mut r.client, "chunk_locate", ticket).await;
     assert_eq!(located["available"], true, "{located}");
-    assert_eq!(stats(&mut client).await["read_aheads"], 5);
-    let before = wait_for_entries(&mut client, 8).await;
+    assert_eq!(r.stats().await["read_aheads"], 5);
+    let before = wait_for_entries(&mut r.client, 8).await;
 
     // Every chunk decoded ahead is a cache hit with the source's bytes.
-    for i in [1usize, 2, 3, 5, 7] {
-        let (bytes, shape, _) = chunk_parts(&fetch_chunk(&mut client, tickets[i].clone()).await);
-        assert_eq!(shape, [1, 64, 1024]);
-        let start = i * PLANE as usize;
-        assert!(
-            bytes == data[start..start + PLANE as usize],
-            "chunk {i} differs from the source"
-        );
+    for i in [1, 2, 3, 5, 7] {
+        r.fetch(i).await;
     }
-    let after = stats(&mut client).await;
+    let after = r.stats().await;
     assert_eq!(after["misses"], before["misses"], "{before} -> {after}");
-    server.stop().await;
+    r.server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_ahead_zero_decodes_only_what_is_asked() {
-    let dir = tempfile::tempdir().unwrap();
-    let (path, data) = volume(dir.path());
-    let server = TestServer::start_with(vec![path], |c| {
-        c.chunk_target = PLANE;
-        c.read_ahead_bytes = 0;
-    })
-    .await;
-    let mut client = server.client().await;
-    let tickets = plan(&mut client).await;
-    for (i, ticket) in tickets.iter().enumerate().take(3) {
-        let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, ticket.clone()).await);
-        let start = i * PLANE as usize;
-        assert!(bytes == data[start..start + PLANE as usize]);
+    let mut r = Reader::start(0).await;
+    for i in 0..3 {
+        r.fetch(i).await;
     }
     // Give a (wrongly) spawned decode time to land before counting.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let s = stats(&mut client).await;
+    let s = r.stats().await;
     assert_eq!(s["read_aheads"], 0, "{s}");
     assert_eq!(s["total_entries"], 3, "{s}");
-    server.stop().await;
+    r.server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_from_the_last_chunk_decodes_backward() {
     // dask schedules an array's blocks from the last one: read-ahead follows it down.
-    let dir = tempfile::tempdir().unwrap();
-    let (path, data) = volume(dir.path());
-    let server = TestServer::start_with(vec![path], |c| {
-        c.chunk_target = PLANE;
-        c.read_ahead_bytes = 3 * PLANE;
-    })
-    .await;
-    let mut client = server.client().await;
-    let tickets = plan(&mut client).await;
-    fetch_chunk(&mut client, tickets[9].clone()).await;
-    assert_eq!(stats(&mut client).await["read_aheads"], 3);
-    let before = wait_for_entries(&mut client, 4).await;
-    for i in [8usize, 7, 6] {
-        let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, tickets[i].clone()).await);
-        let start = i * PLANE as usize;
-        assert!(bytes == data[start..start + PLANE as usize], "chunk {i}");
+    let mut r = Reader::start(3 * PLANE).await;
+    r.fetch(9).await;
+    assert_eq!(r.stats().await["read_aheads"], 3);
+    let before = wait_for_entries(&mut r.client, 4).await;
+    for i in [8, 7, 6] {
+        r.fetch(i).await;
     }
-    let after = stats(&mut client).await;
+    let after = r.stats().await;
     assert_eq!(after["misses"], before["misses"], "{before} -> {after}");
-    server.stop().await;
+    r.server.stop().await;
 }

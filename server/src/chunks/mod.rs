@@ -7,17 +7,22 @@
 //!  ChunkService ── hit ──▶ segment store (file cache)   or   memory cache
 //!        │ miss
 //!        ▼ single flight: one decode per cold chunk, however many callers
-//!  contiguous range of a C-order source?
-//!        │ yes                                   │ no (Fortran order, strided region)
+//!  contiguous range of a C-order source, under 2 MiB?
+//!        │ yes                                   │ no (2 MiB or more, Fortran order, strided)
 //!        ▼                                       ▼
-//!  Store::append_from_file_checked          NpyFile::read_region (gather into a pooled
-//!  (copy_file_range: source pages →           buffer: copy 1), then Store::append
-//!   segment pages, ONE copy; the source        (one vectored write: copy 2)
-//!   is never mapped; committed only if
-//!   NpyFile::check_unchanged still holds)
+//!  Store::append_from_file_checked          NpyFile::read_region (read or gather into a
+//!  (copy_file_range: source pages →           pooled buffer: copy 1), then Store::append
+//!   segment pages, ONE copy; the source        (one large vectored write: copy 2, which
+//!   is never mapped; committed only if          fills the segment's page cache with 2 MiB
+//!   NpyFile::check_unchanged still holds)       folios that clients map one fault each)
 //!        │                                       │
 //!        └──────────▶ locatable, readable zero-copy ◀┘
 //! ```
+//!
+//! Why large chunks take the two-copy route (docs/decisions/0009): `copy_file_range` fills
+//! the segment's page cache through a 64 KiB pipe, so its folios stay small and every
+//! mapping of the chunk faults once per 64 KiB; one large write gets 2 MiB folios, mapped
+//! with one fault per 2 MiB. A chunk is decoded once and read many times.
 //!
 //! A request that continues a walk over the grid (its neighbouring cell is cached or
 //! decoding) also queues background decodes of the next cells in that direction
@@ -95,6 +100,11 @@ enum Materialized {
 /// requests may be decoded ahead of it. Four 8 MiB chunks keep two decoders busy
 /// while the reader's transfers run; more only holds cache room longer.
 pub const DEFAULT_READ_AHEAD_BYTES: u64 = 32 << 20;
+
+/// Chunks of at least this many bytes are read into a pooled buffer and written with one
+/// large write instead of `copy_file_range` (one copy more), so that the segment's page
+/// cache holds 2 MiB folios (see the module docs). Below it a chunk cannot fill such a folio.
+const SPLICE_BELOW_BYTES: usize = 2 << 20;
 
 /// Decodes, caches and serves chunks.
 pub struct ChunkService {
@@ -356,6 +366,7 @@ impl ChunkService {
         };
         let mut try_append = true;
         if let Backend::File(store) = &self.backend
+            && nbytes < SPLICE_BELOW_BYTES
             && let Some(src) = source_range(tensor, id)
         {
             // One copy: source pages to segment pages inside the kernel. The source is
