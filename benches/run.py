@@ -37,6 +37,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -421,26 +422,45 @@ def measure_reads(server, ids, paths, mode, reps, label, results, sampler=True):
     return row
 
 
-def measure_rust_cli(binary, server, name, mode, reps, results):
-    """The Rust client through `tessera get` (end to end: process start, connect, read, and
-    writing the .npy to tmpfs, which adds one copy into fresh pages)."""
-    out = pathlib.Path("/dev/shm") / f"tessera-bench-{os.getpid()}.npy"
-    cmd = [binary, "get", server.location, name, "-o", str(out)] + (["--no-mmap"] if mode == "doget" else [])
+def measure_rust_cli(binary, server, name, path, mode, reps, results):
+    """The Rust client through `tessera get`, end to end: process start, connect, plan and
+    read into one output buffer. One untimed read writes the `.npy` to tmpfs and is
+    compared with numpy; the timed reads write it to /dev/null (no copy), so the row is
+    the library's read, like the biopb rows' `compute()`. Client CPU and faults come
+    from the child's rusage."""
+    import numpy as np
+
+    check = pathlib.Path("/dev/shm") / f"tessera-bench-{os.getpid()}.npy"
+    base = [binary, "get", server.location, name] + (["--no-mmap"] if mode == "doget" else [])
     try:
-        subprocess.run(cmd, check=True, capture_output=True)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True)
-            times.append(time.perf_counter() - t0)
+        subprocess.run(base + ["-o", str(check)], check=True, capture_output=True)
+        got, want = np.load(check), np.load(path, mmap_mode="r")
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise RuntimeError(f"tessera get {name} ({mode}) read back different bytes")
+        del got, want
     except subprocess.CalledProcessError as e:
         print(f"  rust client {name} {mode}: failed: {e.stderr.decode()[-500:]}", flush=True)
         return
     finally:
-        out.unlink(missing_ok=True)
+        check.unlink(missing_ok=True)
+    times, cpus, faults = [], [], []
+    for _ in range(reps):
+        with tempfile.TemporaryFile() as err:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(base + ["-o", "/dev/null"], stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            times.append(time.perf_counter() - t0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                err.seek(0)
+                raise RuntimeError(f"tessera get {name} ({mode}) failed: {err.read().decode()[-500:]}")
+        cpus.append(usage.ru_utime + usage.ru_stime)
+        faults.append(usage.ru_minflt)
     label = f"{name} warm {mode} Rust client (tessera get)"
-    results[label] = {"times": times, "cpu": float("nan"), "private_kib": 0, "anon_kib": 0}
-    print(f"  {label:28s} median {median(times) * 1e3:8.1f} ms", flush=True)
+    results[label] = {"times": times, "cpu": float("nan"), "private_kib": 0, "anon_kib": 0,
+                      "client_cpu": median(cpus), "client_minflt": median(faults)}
+    print(f"  {label:28s} median {median(times) * 1e3:8.1f} ms  client CPU {median(cpus) * 1e3:7.1f} ms,"
+          f" {median(faults):.0f} faults", flush=True)
 
 
 def measure_cold(binary, files, name, mode, reps, work, results, extra=()):
@@ -556,6 +576,8 @@ COPY_TABLE = """\
 | source → segment (cold), other regions (strided slab, Fortran order) | 2 (3 for Fortran) | `pread` into a pooled buffer (Fortran: into scratch, then a gather), then one `pwritev` into the segment |
 | segment → biopb/pyarrow client via do_get | **4** | server: none in user space: the reply body is the gRPC framing followed by the chunk's `Bytes` slice of the segment mapping, written by h2 with a vectored write (`server/src/flight/chunk_get.rs`, decision 0006; tonic's encoder used to copy it into its frame buffer); kernel: `send` copies into socket buffers (**1**), `recv` copies into gRPC's slices (**2**); client: Arrow C++ joins a body that arrived in several gRPC slices into one buffer (**3**, always for MiB messages); biopb hands out zero-copy `np.frombuffer` views and dask's block assembly copies every chunk into the result (**4**; skipped for a one-chunk tensor) |
 | segment → biopb client via mmap (`chunk_locate`) | **1** | no server copy, no socket: the client maps the segment and reads the IPC message in place (a view on the page cache); dask's block assembly copies each chunk into the result (**1**; 0 for a one-chunk tensor) |
+| segment → Rust client (`tessera get`, `tessera_client::Client::read`) via do_get | **4** | server as above; kernel: `send` (**1**), `recv` into h2's read buffer (**2**); tonic gathers a message's frames into its decode buffer (**3**); the client decodes the batch in place (`client/src/ipc.rs`; arrow-flight's own decoder copies every body that is not 64-byte aligned, which was one more copy and 8 MiB of fresh pages per chunk) and scatters it into the output array (**4**) |
+| segment → Rust client via mmap (`chunk_locate`) | **1** | maps the segment, decodes the batch in place, scatters it into the output array (**1**); the output is allocated once, with `MADV_HUGEPAGE` |
 | np.load (anchor) | 1 | `read(2)` from the page cache into a fresh array (plus the page faults of fresh memory) |
 """
 
@@ -603,8 +625,9 @@ before the clock starts; server CPU is that of the timed read. Anchors, same run
 (`sendall`/`recv_into`). Server CPU is user+system time from `/proc/PID/stat` over the
 timed repetitions, divided by the repetitions; client CPU and page faults are the biopb
 process's own (`getrusage`: user+system time of all its threads, minor faults) per warm read. The *Rust client* rows time the `tessera get`
-command end to end (process start, connect, read, and writing the `.npy` to `/dev/shm`, one
-extra copy into fresh pages), so they are an upper bound of the library's cost. Private RSS is the peak of
+command end to end (process start, connect, plan, and the read into one output buffer; one
+untimed read is compared with numpy, the timed ones write the `.npy` to `/dev/null`), with
+the command's own CPU and faults (`wait4`). Private RSS is the peak of
 `Private_Clean + Private_Dirty` in `/proc/PID/smaps_rollup` sampled every 20 ms while the
 reads ran (mapped segment pages the server alone touches count as private-clean).
 
@@ -698,7 +721,7 @@ def main():
                 measure_reads(server, [name], [files[name]], mode, reps, f"{name} warm {mode}", res)
         for name in ("w256", "w64"):
             for mode in ("doget", "mmap"):
-                measure_rust_cli(args.bin, server, name, mode, reps, res)
+                measure_rust_cli(args.bin, server, name, files[name], mode, reps, res)
         if "big" in files:
             for mode in ("doget", "mmap"):
                 measure_reads(server, ["big"], [files["big"]], mode, max(3, reps // 2), f"big warm {mode}", res)

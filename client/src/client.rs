@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use arrow_flight::decode::FlightRecordBatchStream;
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo, Ticket};
@@ -31,7 +29,7 @@ use crate::cache::ChunkCache;
 use crate::chunk::{ChunkOrigin, ChunkView, view_from_batch};
 use crate::error::ClientError;
 use crate::health::ServerHealth;
-use crate::ipc::batch_at;
+use crate::ipc::{StreamMessage, batch_at, stream_message};
 use crate::location::Location;
 use crate::options::ClientOptions;
 use crate::pins::{InodeKey, PinLedger};
@@ -542,39 +540,39 @@ impl Client {
         }
     }
 
+    /// The chunk over the socket. The reply is decoded here rather than by
+    /// arrow-flight's `FlightRecordBatchStream`, which copies every body that is not
+    /// 64-byte aligned into fresh memory: the view is a slice of the received body.
     async fn do_get(&self, chunk: &PlannedChunk) -> Result<ChunkView, ClientError> {
         let call = || format!("DoGet of chunk {}", chunk.bounds);
+        let bad = |reason: String| ClientError::BadChunk {
+            chunk: chunk.bounds.to_string(),
+            reason,
+        };
         let ticket = Ticket {
             ticket: chunk.ticket.clone().into(),
         };
-        let stream = self
+        let mut stream = self
             .flight()
             .do_get(self.request(ticket))
             .await
             .map_err(|s| ClientError::rpc(call(), s))?
-            .into_inner()
-            .map_err(FlightError::from);
-        let mut batches = FlightRecordBatchStream::new_from_flight_data(stream);
-        let batch = match batches.try_next().await {
-            Ok(Some(batch)) => batch,
-            Ok(None) => {
-                return Err(ClientError::BadChunk {
-                    chunk: chunk.bounds.to_string(),
-                    reason: "the DoGet stream held no record batch".to_string(),
-                });
+            .into_inner();
+        let mut schema = None;
+        while let Some(data) = stream
+            .message()
+            .await
+            .map_err(|s| ClientError::rpc(call(), s))?
+        {
+            match stream_message(&data.data_header, data.data_body, schema.as_ref()).map_err(bad)? {
+                StreamMessage::Schema(s) => schema = Some(s),
+                StreamMessage::Batch(batch) => {
+                    return view_from_batch(&batch, ChunkOrigin::Socket).map_err(bad);
+                }
+                StreamMessage::Empty => {}
             }
-            Err(FlightError::Tonic(status)) => return Err(ClientError::rpc(call(), *status)),
-            Err(other) => {
-                return Err(ClientError::BadChunk {
-                    chunk: chunk.bounds.to_string(),
-                    reason: format!("the DoGet stream does not decode: {other}"),
-                });
-            }
-        };
-        view_from_batch(&batch, ChunkOrigin::Socket).map_err(|reason| ClientError::BadChunk {
-            chunk: chunk.bounds.to_string(),
-            reason,
-        })
+        }
+        Err(bad("the DoGet stream held no record batch".to_string()))
     }
 
     /// This client's counters, cache sizes and pinned segments.

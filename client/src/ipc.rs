@@ -1,6 +1,9 @@
-//! Reading one chunk batch in place from a mapped Arrow IPC stream segment:
-//! the schema message at offset 0, then the record batch message at the
-//! offset `chunk_locate` named, with every buffer a slice of the mapping.
+//! Decoding chunk batches without copying their bytes: in place from a mapped
+//! Arrow IPC stream segment (the schema message at offset 0, then the record
+//! batch message at the offset `chunk_locate` named, every buffer a slice of
+//! the mapping), and from the messages of a DoGet stream (every buffer a slice
+//! of the received body; arrow-flight's own decoder copies any body that is
+//! not 64-byte aligned, which a gRPC message body practically never is).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +12,7 @@ use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::read_record_batch;
 use arrow_schema::SchemaRef;
+use bytes::Bytes;
 
 use crate::pins::{MappedSegment, SegmentOwner};
 
@@ -63,6 +67,83 @@ fn schema_of(segment: &MappedSegment) -> Result<SchemaRef, String> {
     Ok(Arc::clone(segment.schema.get_or_init(|| schema)))
 }
 
+/// Decodes the record batch of `message` from `body` (every buffer a slice of it; a
+/// buffer whose type needs more alignment than the body gives, such as the few bytes
+/// of an offsets buffer, is copied on its own, the chunk's Binary values never are).
+fn record_batch(
+    message: &arrow_ipc::Message<'_>,
+    body: &Buffer,
+    schema: SchemaRef,
+    what: &str,
+) -> Result<RecordBatch, String> {
+    let batch = message
+        .header_as_record_batch()
+        .ok_or_else(|| format!("{what} is not a record batch"))?;
+    read_record_batch(
+        body,
+        batch,
+        schema,
+        &HashMap::new(),
+        None,
+        &message.version(),
+    )
+    .map_err(|e| format!("the record batch of {what} does not decode: {e}"))
+}
+
+/// One message of a DoGet stream, decoded.
+pub(crate) enum StreamMessage {
+    /// The stream's schema.
+    Schema(SchemaRef),
+    /// A record batch whose buffers are slices of the message body.
+    Batch(RecordBatch),
+    /// A message without an IPC header (application metadata only).
+    Empty,
+}
+
+/// Decodes one DoGet FlightData message from its flatbuffer `header` and its `body`;
+/// a record batch needs the `schema` of the message before it.
+pub(crate) fn stream_message(
+    header: &[u8],
+    body: Bytes,
+    schema: Option<&SchemaRef>,
+) -> Result<StreamMessage, String> {
+    if header.is_empty() {
+        return Ok(StreamMessage::Empty);
+    }
+    let message = arrow_ipc::root_as_message(header)
+        .map_err(|e| format!("a DoGet message header is not an IPC message: {e}"))?;
+    match message.header_type() {
+        arrow_ipc::MessageHeader::Schema => {
+            let schema = message
+                .header_as_schema()
+                .ok_or_else(|| "a DoGet schema message has no schema".to_string())?;
+            Ok(StreamMessage::Schema(Arc::new(
+                arrow_ipc::convert::fb_to_schema(schema),
+            )))
+        }
+        arrow_ipc::MessageHeader::RecordBatch => {
+            let schema = schema.ok_or_else(|| {
+                "the DoGet stream sent a record batch before its schema".to_string()
+            })?;
+            let body_len = usize::try_from(message.bodyLength())
+                .map_err(|_| "a DoGet record batch has a negative body length".to_string())?;
+            if body.len() < body_len {
+                return Err(format!(
+                    "a DoGet record batch announces a {body_len}-byte body but carries {} bytes",
+                    body.len()
+                ));
+            }
+            let body = Buffer::from(body);
+            record_batch(&message, &body, Arc::clone(schema), "a DoGet message")
+                .map(StreamMessage::Batch)
+        }
+        arrow_ipc::MessageHeader::NONE => Ok(StreamMessage::Empty),
+        other => Err(format!(
+            "a DoGet message is a {other:?}, which chunk streams do not use"
+        )),
+    }
+}
+
 /// Decodes the record batch message at `offset` of `segment` without copying
 /// its body: the batch's buffers are slices of the mapping and keep it alive.
 pub(crate) fn batch_at(segment: &Arc<MappedSegment>, offset: u64) -> Result<RecordBatch, String> {
@@ -75,9 +156,6 @@ pub(crate) fn batch_at(segment: &Arc<MappedSegment>, offset: u64) -> Result<Reco
     let (metadata, body_start) = message_at(bytes, offset)?;
     let message = arrow_ipc::root_as_message(metadata)
         .map_err(|e| format!("the message at offset {offset} is not an IPC message: {e}"))?;
-    let batch = message
-        .header_as_record_batch()
-        .ok_or_else(|| format!("the message at offset {offset} is not a record batch"))?;
     let body_len = usize::try_from(message.bodyLength())
         .map_err(|_| format!("message at offset {offset} has a negative body length"))?;
     if body_start
@@ -89,17 +167,14 @@ pub(crate) fn batch_at(segment: &Arc<MappedSegment>, offset: u64) -> Result<Reco
             bytes.len()
         ));
     }
-    let whole = Buffer::from(bytes::Bytes::from_owner(SegmentOwner(Arc::clone(segment))));
+    let whole = Buffer::from(Bytes::from_owner(SegmentOwner(Arc::clone(segment))));
     let body = whole.slice_with_length(body_start, body_len);
-    read_record_batch(
+    record_batch(
+        &message,
         &body,
-        batch,
         schema,
-        &HashMap::new(),
-        None,
-        &message.version(),
+        &format!("the message at offset {offset}"),
     )
-    .map_err(|e| format!("the record batch at offset {offset} does not decode: {e}"))
 }
 
 #[cfg(test)]
@@ -163,6 +238,73 @@ mod tests {
         assert_eq!(view.bytes(), chunks[1].as_slice());
         drop(view);
         assert_eq!(ledger.pinned_bytes(), 0);
+    }
+
+    /// The two FlightData messages of a DoGet reply, encoded by arrow-flight.
+    fn doget_messages(data: &[u8]) -> (arrow_flight::FlightData, arrow_flight::FlightData) {
+        let batch = chunk_batch(data, &[data.len() as i64], "|u1");
+        let mut messages = arrow_flight::utils::batches_to_flight_data(
+            &tessera_proto::chunk_schema(),
+            vec![batch],
+        )
+        .unwrap()
+        .into_iter();
+        (messages.next().unwrap(), messages.next().unwrap())
+    }
+
+    #[test]
+    fn doget_bodies_decode_without_a_copy_at_any_alignment() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let (schema_msg, batch_msg) = doget_messages(&data);
+        let StreamMessage::Schema(schema) =
+            stream_message(&schema_msg.data_header, schema_msg.data_body, None).unwrap()
+        else {
+            panic!("the first message is the schema");
+        };
+        for shift in [0usize, 1, 3, 8, 63] {
+            // The body at an arbitrary address, as a gRPC receive buffer holds it.
+            let mut holder = vec![0u8; shift];
+            holder.extend_from_slice(&batch_msg.data_body);
+            let body = Bytes::from(holder).slice(shift..);
+            let range = body.as_ptr_range();
+            let decoded = stream_message(&batch_msg.data_header, body, Some(&schema)).unwrap();
+            let StreamMessage::Batch(batch) = decoded else {
+                panic!("the second message is the batch");
+            };
+            let view = view_from_batch(&batch, ChunkOrigin::Socket).unwrap();
+            assert_eq!(view.bytes(), data.as_slice(), "shift {shift}");
+            assert!(
+                range.contains(&view.bytes().as_ptr()),
+                "shift {shift}: the view points into the received body (zero copy)"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_doget_messages_are_refused() {
+        let (schema_msg, batch_msg) = doget_messages(&[7u8; 64]);
+        let err = stream_message(&batch_msg.data_header, batch_msg.data_body.clone(), None)
+            .err()
+            .unwrap();
+        assert!(err.contains("before its schema"), "{err}");
+        let StreamMessage::Schema(schema) =
+            stream_message(&schema_msg.data_header, Bytes::new(), None).unwrap()
+        else {
+            panic!("the first message is the schema");
+        };
+        let short = batch_msg.data_body.slice(..batch_msg.data_body.len() - 1);
+        let err = stream_message(&batch_msg.data_header, short, Some(&schema))
+            .err()
+            .unwrap();
+        assert!(err.contains("carries"), "{err}");
+        let err = stream_message(b"not a flatbuffer", Bytes::new(), Some(&schema))
+            .err()
+            .unwrap();
+        assert!(err.contains("not an IPC message"), "{err}");
+        assert!(matches!(
+            stream_message(&[], Bytes::new(), Some(&schema)).unwrap(),
+            StreamMessage::Empty
+        ));
     }
 
     #[test]

@@ -50,7 +50,12 @@ pub fn write_npy(path: &Path, dtype: &str, shape: &[u64], data: &[u8]) -> Result
     let mut file = std::fs::File::create(path).map_err(io)?;
     file.write_all(&npy_header(dtype, shape)).map_err(io)?;
     file.write_all(data).map_err(io)?;
-    file.sync_all().map_err(io)
+    // A finished `get` leaves the file on disk; devices and pipes (`/dev/null`,
+    // `/dev/stdout`) have nothing to sync and refuse fsync.
+    if file.metadata().map_err(io)?.is_file() {
+        file.sync_all().map_err(io)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -72,5 +77,16 @@ mod tests {
         assert!(one.contains("'shape': (5,)"), "{one}");
         let scalar = String::from_utf8_lossy(&npy_header("<f8", &[])).to_string();
         assert!(scalar.contains("'shape': ()"), "{scalar}");
+    }
+
+    #[test]
+    fn writes_to_devices_and_files() {
+        write_npy(Path::new("/dev/null"), "<u2", &[2], &[1, 0, 2, 0]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npy");
+        write_npy(&path, "<u2", &[2], &[1, 0, 2, 0]).unwrap();
+        let written = std::fs::read(&path).unwrap();
+        assert_eq!(&written[written.len() - 4..], &[1, 0, 2, 0]);
+        assert_eq!(written.len(), npy_header("<u2", &[2]).len() + 4);
     }
 }
