@@ -2,6 +2,9 @@
 //! property tests of cap, tiling, contiguity and balance.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod grid_support;
+
+use grid_support::indices;
 use proptest::prelude::*;
 use tessera_server::grid::{
     ChunkGrid, DEFAULT_TARGET_CHUNK_BYTES, GridError, MAX_CHUNK_BYTES, Region, element_range,
@@ -187,24 +190,6 @@ fn flat_index(idx: &[u64], shape: &[u64], fortran_order: bool) -> u64 {
         axes.reverse();
     }
     axes.iter().fold(0, |acc, &a| acc * shape[a] + idx[a])
-}
-
-/// Every index of a region, in C order.
-fn indices(region: &Region) -> Vec<Vec<u64>> {
-    let mut out = vec![vec![]];
-    for (s, e) in region.start.iter().zip(&region.stop) {
-        out = out
-            .into_iter()
-            .flat_map(|prefix| {
-                (*s..*e).map(move |i| {
-                    let mut p = prefix.clone();
-                    p.push(i);
-                    p
-                })
-            })
-            .collect();
-    }
-    out
 }
 
 fn small_tensor() -> impl Strategy<Value = (Vec<u64>, u64, bool, u64)> {

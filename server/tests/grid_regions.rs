@@ -2,6 +2,9 @@
 //! the `Region` helpers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod grid_support;
+
+use grid_support::indices;
 use proptest::prelude::*;
 use tessera_server::grid::{ChunkGrid, GridError, Region, element_range};
 
@@ -200,24 +203,6 @@ fn element_ranges() {
         None
     );
     assert_eq!(element_range(&r(&[0, 0], &[4, 5]), &shape, false), None);
-}
-
-/// Every index of a region, in C order.
-fn indices(region: &Region) -> Vec<Vec<u64>> {
-    let mut out = vec![vec![]];
-    for (s, e) in region.start.iter().zip(&region.stop) {
-        out = out
-            .into_iter()
-            .flat_map(|prefix| {
-                (*s..*e).map(move |i| {
-                    let mut p = prefix.clone();
-                    p.push(i);
-                    p
-                })
-            })
-            .collect();
-    }
-    out
 }
 
 fn grid_and_region() -> impl Strategy<Value = (ChunkGrid, Region)> {

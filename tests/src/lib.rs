@@ -3,6 +3,7 @@
 //! configured for 64 MiB chunks and helpers to write `.npy` files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod connect;
 pub mod located;
 pub mod process;
 
@@ -10,7 +11,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use arrow_array::{Array, BinaryArray, RecordBatch, StringArray};
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightClient, FlightDescriptor, FlightInfo, Ticket};
 use futures::TryStreamExt;
 use prost::Message;
@@ -80,14 +80,7 @@ impl TestServer {
 
     /// A Flight client with the decode limit raised above the 64 MiB chunk cap.
     pub async fn client(&self) -> FlightClient {
-        let channel = tonic::transport::Endpoint::from_shared(self.url())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        FlightClient::new_from_inner(
-            FlightServiceClient::new(channel).max_decoding_message_size(128 << 20),
-        )
+        connect::flight_client(self.url()).await
     }
 
     /// A client that sends `authorization: Bearer <token>`.
@@ -191,15 +184,20 @@ pub fn read_descriptor(array_id: &str, slice: Option<(&[i64], &[i64])>) -> Fligh
     FlightDescriptor::new_cmd(request.encode_to_vec())
 }
 
-/// The one-row chunk batch a do_get returns.
-pub async fn fetch_chunk(client: &mut FlightClient, ticket: Ticket) -> RecordBatch {
-    let batches: Vec<RecordBatch> = client
+/// Every record batch a do_get of `ticket` returns.
+pub async fn fetch_batches(client: &mut FlightClient, ticket: Ticket) -> Vec<RecordBatch> {
+    client
         .do_get(ticket)
         .await
         .unwrap()
         .try_collect()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The one-row chunk batch a do_get returns.
+pub async fn fetch_chunk(client: &mut FlightClient, ticket: Ticket) -> RecordBatch {
+    let batches = fetch_batches(client, ticket).await;
     assert_eq!(batches.len(), 1, "exactly one batch per chunk");
     assert_eq!(batches[0].num_rows(), 1, "exactly one row per chunk");
     batches.into_iter().next().unwrap()
@@ -305,6 +303,18 @@ pub fn endpoint_bounds(info: &FlightInfo) -> Vec<(Vec<i64>, Vec<i64>, Ticket)> {
             (b.start, b.stop, e.ticket.clone().unwrap())
         })
         .collect()
+}
+
+/// The chunks of a whole read of `array_id` as the server plans them: bounds and ticket.
+pub async fn planned_chunks(
+    client: &mut FlightClient,
+    array_id: &str,
+) -> Vec<(Vec<i64>, Vec<i64>, Ticket)> {
+    let info = client
+        .get_flight_info(read_descriptor(array_id, None))
+        .await
+        .unwrap();
+    endpoint_bounds(&info)
 }
 
 /// The gRPC status inside a Flight client error (panics on any other kind of error).

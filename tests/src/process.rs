@@ -5,6 +5,7 @@
 //! is (re)built once per test process with `cargo build -p tessera-server --bin tessera` so a
 //! stale binary is never tested.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use arrow_flight::FlightClient;
-use arrow_flight::flight_service_client::FlightServiceClient;
 
 /// The workspace root (parent of this crate's directory).
 pub fn workspace_root() -> PathBuf {
@@ -81,6 +81,26 @@ impl ServerProcess {
         Self::spawn_env(args, &[])
     }
 
+    /// `tessera serve SOURCES --cache-dir CACHE [--cache-max-bytes MAX] --chunk-target TARGET`:
+    /// the shape of most scenarios that size their cache and chunks.
+    pub fn serve_cached(
+        sources: &Path,
+        cache: &Path,
+        max_bytes: Option<&str>,
+        chunk_target: &str,
+    ) -> ServerProcess {
+        let mut args: Vec<&OsStr> = vec![
+            sources.as_os_str(),
+            OsStr::new("--cache-dir"),
+            cache.as_os_str(),
+        ];
+        if let Some(max) = max_bytes {
+            args.extend([OsStr::new("--cache-max-bytes"), OsStr::new(max)]);
+        }
+        args.extend([OsStr::new("--chunk-target"), OsStr::new(chunk_target)]);
+        Self::spawn(&args)
+    }
+
     /// Like [`ServerProcess::spawn`], with extra environment variables.
     pub fn spawn_env<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> ServerProcess {
         let mut command = Command::new(tessera_bin());
@@ -137,14 +157,7 @@ impl ServerProcess {
 
     /// A Flight client with the decode limit raised above the 64 MiB chunk cap.
     pub async fn client(&self) -> FlightClient {
-        let channel = tonic::transport::Endpoint::from_shared(self.url())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        FlightClient::new_from_inner(
-            FlightServiceClient::new(channel).max_decoding_message_size(128 << 20),
-        )
+        crate::connect::flight_client(self.url()).await
     }
 
     /// Every stderr line so far.

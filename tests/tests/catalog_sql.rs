@@ -331,13 +331,7 @@ async fn catalog_tables_are_flights_beside_the_tensors() {
     assert_eq!((info.total_records, info.total_bytes), (-1, -1));
     assert_eq!(info.endpoint.len(), 1);
     let ticket = info.endpoint[0].ticket.clone().unwrap();
-    let rows: Vec<RecordBatch> = client
-        .do_get(ticket)
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let rows = fetch_batches(&mut client, ticket).await;
     assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
 
     let schema = client

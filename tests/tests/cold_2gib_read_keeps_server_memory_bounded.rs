@@ -37,21 +37,9 @@ async fn cold_read_of_2gib_stays_under_128mib_anonymous() {
     }
     drop(file);
 
-    let server = ServerProcess::spawn(&[
-        sources.path().as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.path().as_os_str(),
-        "--cache-max-bytes".as_ref(),
-        "512MiB".as_ref(),
-        "--chunk-target".as_ref(),
-        "8MiB".as_ref(),
-    ]);
+    let server = ServerProcess::serve_cached(sources.path(), cache.path(), Some("512MiB"), "8MiB");
     let mut client = server.client().await;
-    let info = client
-        .get_flight_info(read_descriptor("big", None))
-        .await
-        .unwrap();
-    let chunks = endpoint_bounds(&info);
+    let chunks = planned_chunks(&mut client, "big").await;
     assert_eq!(chunks.len() as u64, ROWS, "one chunk per 8 MiB row");
     let baseline = server.anonymous_rss();
     let mut peak = baseline;

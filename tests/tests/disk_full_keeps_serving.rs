@@ -92,21 +92,10 @@ async fn a_full_disk_degrades_to_do_get_and_recovers() {
     std::fs::create_dir(&sources).unwrap();
     let data = pattern((SHAPE[0] * SHAPE[1]) as usize, 42);
     write_npy(&sources.join("big.npy"), "|u1", &SHAPE, &data);
-    let server = ServerProcess::spawn(&[
-        sources.as_os_str(),
-        "--cache-dir".as_ref(),
-        mnt.0.join("cache").as_os_str(),
-        "--cache-max-bytes".as_ref(),
-        "64MiB".as_ref(),
-        "--chunk-target".as_ref(),
-        "64KiB".as_ref(),
-    ]);
+    let server =
+        ServerProcess::serve_cached(&sources, &mnt.0.join("cache"), Some("64MiB"), "64KiB");
     let mut client = server.client().await;
-    let info = client
-        .get_flight_info(read_descriptor("big", None))
-        .await
-        .unwrap();
-    let chunks = endpoint_bounds(&info);
+    let chunks = planned_chunks(&mut client, "big").await;
     assert!(chunks.len() >= 128, "{} chunks", chunks.len());
     let want = |i: usize| {
         let (start, stop, _) = &chunks[i];

@@ -60,15 +60,7 @@ async fn constant_eviction_under_mmap_readers() {
             &bytes,
         );
     }
-    let server = ServerProcess::spawn(&[
-        sources.path().as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.path().as_os_str(),
-        "--cache-max-bytes".as_ref(),
-        "8MiB".as_ref(),
-        "--chunk-target".as_ref(),
-        "256KiB".as_ref(),
-    ]);
+    let server = ServerProcess::serve_cached(sources.path(), cache.path(), Some("8MiB"), "256KiB");
     let script = workspace_root().join("tests/interop/soak_client.py");
     let location = format!("grpc://{}", server.addr);
     let mut clients: Vec<_> = (0..CLIENTS)

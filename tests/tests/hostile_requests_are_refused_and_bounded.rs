@@ -3,13 +3,12 @@
 //! throughout. (Forged tickets: forged_tickets_are_refused.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightDescriptor, Ticket};
 use prost::Message;
+use tessera_e2e::connect::stalled_flight_service;
 use tessera_e2e::process::ServerProcess;
 use tessera_e2e::*;
 use tessera_proto::pb::{FlightRequest, TensorReadOption, flight_request};
-use tonic::transport::Channel;
 
 /// The request-size limit of the server (daemon.rs MAX_DECODE_BYTES).
 const LIMIT: usize = 16 << 20;
@@ -24,21 +23,6 @@ fn command(array_id: String) -> FlightDescriptor {
         }
         .encode_to_vec(),
     )
-}
-
-/// A raw client on its own connection, with a small receive window so a server cannot
-/// finish a big chunk stream the test does not read.
-async fn raw_client(server: &ServerProcess) -> FlightServiceClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(server.url())
-        .unwrap()
-        .initial_stream_window_size(64 << 10)
-        .initial_connection_window_size(64 << 10)
-        .connect()
-        .await
-        .unwrap();
-    FlightServiceClient::new(channel)
-        .max_decoding_message_size(128 << 20)
-        .max_encoding_message_size(64 << 20)
 }
 
 async fn still_serves(server: &ServerProcess, data: &[u8]) {
@@ -61,16 +45,10 @@ async fn oversized_requests_are_refused_with_bounded_errors() {
     let shape = [16u64, 1 << 20];
     let big = pattern((shape[0] * shape[1]) as usize, 2);
     write_npy(&dir.path().join("big.npy"), "|u1", &shape, &big);
-    let mut server = ServerProcess::spawn(&[
-        dir.path().as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.path().as_os_str(),
-        "--chunk-target".as_ref(),
-        "1MiB".as_ref(),
-    ]);
+    let mut server = ServerProcess::serve_cached(dir.path(), cache.path(), None, "1MiB");
 
     // A GetFlightInfo command above the limit is refused before it is decoded.
-    let mut raw = raw_client(&server).await;
+    let mut raw = stalled_flight_service(server.url()).await;
     let err = raw
         .get_flight_info(command("x".repeat(LIMIT + 1024)))
         .await

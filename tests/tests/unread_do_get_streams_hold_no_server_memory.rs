@@ -5,27 +5,14 @@
 //! meanwhile, and after the streams are dropped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use arrow_flight::flight_service_client::FlightServiceClient;
+use tessera_e2e::connect::stalled_flight_service;
 use tessera_e2e::process::ServerProcess;
 use tessera_e2e::*;
-use tonic::transport::Channel;
 
 const CHUNK: u64 = 4 << 20;
 const CHUNKS: u64 = 32;
 /// Streams per connection (below the server's cap of 64).
 const PER_CONNECTION: usize = 16;
-
-/// A connection with a 64 KiB receive window, so that unread replies stay on the server.
-async fn stalled_connection(server: &ServerProcess) -> FlightServiceClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(server.url())
-        .unwrap()
-        .initial_stream_window_size(64 << 10)
-        .initial_connection_window_size(64 << 10)
-        .connect()
-        .await
-        .unwrap();
-    FlightServiceClient::new(channel).max_decoding_message_size(64 << 20)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_streams_do_not_grow_server_memory() {
@@ -35,13 +22,7 @@ async fn unread_streams_do_not_grow_server_memory() {
     write_npy(&dir.path().join("small.npy"), "|u1", &[4096], &small);
     let big = pattern((CHUNKS * CHUNK) as usize, 2);
     write_npy(&dir.path().join("big.npy"), "|u1", &[CHUNKS, CHUNK], &big);
-    let mut server = ServerProcess::spawn(&[
-        dir.path().as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.path().as_os_str(),
-        "--chunk-target".as_ref(),
-        "4MiB".as_ref(),
-    ]);
+    let mut server = ServerProcess::serve_cached(dir.path(), cache.path(), None, "4MiB");
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("big", None))
@@ -64,7 +45,7 @@ async fn unread_streams_do_not_grow_server_memory() {
     let mut held = Vec::new();
     for (i, ticket) in tickets.iter().enumerate() {
         if i % PER_CONNECTION == 0 {
-            held.push((stalled_connection(&server).await, Vec::new()));
+            held.push((stalled_flight_service(server.url()).await, Vec::new()));
         }
         let (conn, streams) = held.last_mut().unwrap();
         // The reply's headers arrive; its body waits for a window the client never opens.
