@@ -34,18 +34,18 @@ impl<'a> Cells<'a> {
             remaining,
         }
     }
+}
 
-    /// The bounds of the cell with these indices.
-    fn cell(&self, index: &[u64]) -> Region {
-        let mut start = Vec::with_capacity(index.len());
-        let mut stop = Vec::with_capacity(index.len());
-        for ((&i, &c), &dim) in index.iter().zip(self.chunk).zip(self.shape) {
-            let s = i.saturating_mul(c);
-            start.push(s);
-            stop.push(s.saturating_add(c).min(dim));
-        }
-        Region { start, stop }
+/// The bounds of the cell with grid indices `index`, clipped to `shape`.
+pub(super) fn cell_bounds(shape: &[u64], chunk: &[u64], index: &[u64]) -> Region {
+    let mut start = Vec::with_capacity(index.len());
+    let mut stop = Vec::with_capacity(index.len());
+    for ((&i, &c), &dim) in index.iter().zip(chunk).zip(shape) {
+        let s = i.saturating_mul(c);
+        start.push(s);
+        stop.push(s.saturating_add(c).min(dim));
     }
+    Region { start, stop }
 }
 
 impl Iterator for Cells<'_> {
@@ -55,7 +55,7 @@ impl Iterator for Cells<'_> {
         if self.remaining == 0 {
             return None;
         }
-        let region = self.cell(&self.next);
+        let region = cell_bounds(self.shape, self.chunk, &self.next);
         self.remaining -= 1;
         // Odometer step: bump the last axis, carrying into slower ones.
         for a in (0..self.next.len()).rev() {

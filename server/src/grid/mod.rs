@@ -371,18 +371,13 @@ impl ChunkGrid {
             return None;
         }
         let dims = self.grid_dims();
-        let rank = self.shape.len();
-        let (mut start, mut stop) = (vec![0; rank], vec![0; rank]);
+        let mut coords = vec![0; dims.len()];
         let mut rest = index;
-        for a in (0..rank).rev() {
-            let i = rest % dims[a];
-            rest /= dims[a];
-            if self.shape[a] != 0 {
-                start[a] = i * self.chunk[a];
-                stop[a] = start[a].saturating_add(self.chunk[a]).min(self.shape[a]);
-            }
+        for (coord, &n) in coords.iter_mut().zip(&dims).rev() {
+            *coord = rest % n;
+            rest /= n;
         }
-        Some(Region { start, stop })
+        Some(cells::cell_bounds(&self.shape, &self.chunk, &coords))
     }
 
     /// Validates a request region against the tensor.
