@@ -202,7 +202,7 @@ pub(crate) fn boot(
     fault: Option<&dyn FaultInjector>,
 ) -> Result<BootResult, StoreError> {
     let segdir = layout::segments_dir(dir);
-    std::fs::create_dir_all(&segdir).map_err(|e| io_err("create", &segdir, e))?;
+    layout::create_private_dir(&segdir, mode).map_err(|e| io_err("create", &segdir, e))?;
     let mut data_ids = Vec::new();
     let mut sidecar_ids = Vec::new();
     let listing = std::fs::read_dir(&segdir).map_err(|e| io_err("list", &segdir, e))?;

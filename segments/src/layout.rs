@@ -10,9 +10,9 @@
 //! DIR/segments/seg_{id:016}.idx       sidecar index, written on seal
 //! ```
 
-use std::fs::{File, OpenOptions};
+use std::fs::{DirBuilder, File, OpenOptions, Permissions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
@@ -33,6 +33,35 @@ pub(crate) enum SegmentFile {
     Data(u64),
     /// `seg_{id}.idx`
     Sidecar(u64),
+}
+
+/// Permission bits of the cache directory and its `segments/`: `0o700`, or `0o750` when
+/// files are group-readable (`file_mode` has the group read bit, e.g. `0o640`). Never
+/// world-searchable: other local users can list neither segment names nor their sizes.
+pub(crate) fn dir_mode(file_mode: u32) -> u32 {
+    if file_mode & 0o040 != 0 { 0o750 } else { 0o700 }
+}
+
+/// Creates `dir` and its missing parents with [`dir_mode`] (the umask still applies); an
+/// existing `dir` loses the permission bits beyond that mode (setgid and sticky bits are
+/// kept, so a `chmod 2750` group setup survives). A directory the server cannot `chmod`
+/// (owned by another user) is kept as it is, with a warning.
+pub(crate) fn create_private_dir(dir: &Path, file_mode: u32) -> std::io::Result<()> {
+    let mode = dir_mode(file_mode);
+    DirBuilder::new().recursive(true).mode(mode).create(dir)?;
+    let current = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
+    let tightened = current & !(0o777 & !mode);
+    if tightened != current
+        && let Err(e) = std::fs::set_permissions(dir, Permissions::from_mode(tightened))
+    {
+        tracing::warn!(
+            dir = %dir.display(),
+            mode = format_args!("{current:o}"),
+            error = %e,
+            "cannot restrict the cache directory's permissions"
+        );
+    }
+    Ok(())
 }
 
 pub(crate) fn segments_dir(dir: &Path) -> PathBuf {

@@ -1,7 +1,9 @@
 //! `DIR/lock`: an advisory `flock` held for the store's lifetime, with the holder's pid inside.
+//! Mode `0o600` whatever the files' mode: only the server's user needs it.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions, Permissions, TryLockError};
 use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use crate::error::StoreError;
@@ -17,8 +19,15 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, StoreError> {
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| StoreError::io(format!("cannot open lock file {}", path.display()), e))?;
+    // A lock file left by an older build may be 0o644.
+    let mode = file.metadata().map(|m| m.permissions().mode() & 0o777);
+    if mode.is_ok_and(|m| m & 0o077 != 0) {
+        file.set_permissions(Permissions::from_mode(0o600))
+            .map_err(|e| StoreError::io(format!("cannot chmod lock file {}", path.display()), e))?;
+    }
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {

@@ -145,7 +145,8 @@ impl Store {
     /// filesystem (unless allowed), takes the directory lock, checks the format version,
     /// restores the index from sidecars or by walking segments, and enforces the budget.
     pub fn open(opts: StoreOptions) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(&opts.dir).map_err(|e| io_err("create", &opts.dir, e))?;
+        layout::create_private_dir(&opts.dir, opts.file_mode)
+            .map_err(|e| io_err("create", &opts.dir, e))?;
         let dir = opts
             .dir
             .canonicalize()

@@ -8,6 +8,9 @@
 //! token_file = "/etc/tessera/token"     # or: token = "…"
 //! chunk_target = "8MiB"
 //! read_ahead = "32MiB"                   # decode ahead of sequential readers; "0" turns it off
+//! settle_window = "1s"                   # sources touched this recently are waited for
+//! max_connections = 512                  # connections held at once; more are closed
+//! handshake_timeout = "10s"              # time a new connection has to start speaking
 //!
 //! [cache]
 //! kind = "file"                          # or "memory"
@@ -38,7 +41,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::chunks::DEFAULT_READ_AHEAD_BYTES;
+use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
+
+/// Default cap on connections held at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default time a new connection has to send its first bytes.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::source::watch::DEFAULT_WATCH_INTERVAL;
@@ -142,6 +150,12 @@ pub struct ConfigFile {
     pub chunk_target: Option<String>,
     /// Read-ahead budget, as a size string.
     pub read_ahead: Option<String>,
+    /// Stability window, as a duration string.
+    pub settle_window: Option<String>,
+    /// Connections held at once.
+    pub max_connections: Option<usize>,
+    /// Handshake timeout, as a duration string.
+    pub handshake_timeout: Option<String>,
     /// Cache settings.
     pub cache: Option<CacheFile>,
     /// TLS settings.
@@ -219,6 +233,18 @@ pub struct ServeArgs {
     /// 0 turns read-ahead off [default: 32MiB].
     #[arg(long, env = "TESSERA_READ_AHEAD", value_name = "SIZE")]
     pub read_ahead: Option<String>,
+    /// A source whose mtime or ctime is younger than this is not decoded until it is
+    /// older (a write still in progress is never cached), e.g. 1s [default: 1s].
+    #[arg(long, env = "TESSERA_SETTLE_WINDOW", value_name = "DURATION")]
+    pub settle_window: Option<String>,
+    /// Connections held open at once; new ones beyond it are closed as they arrive
+    /// [default: 512]. Keep it well under the descriptor limit (`ulimit -n`).
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Time a new connection has to send its first bytes (HTTP/2 preface or TLS hello)
+    /// before it is closed [default: 10s].
+    #[arg(long, env = "TESSERA_HANDSHAKE_TIMEOUT", value_name = "DURATION")]
+    pub handshake_timeout: Option<String>,
     /// TOML config file; flags and environment override it.
     #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -267,6 +293,12 @@ pub struct ServeConfig {
     pub chunk_target: u64,
     /// Read-ahead budget in bytes (0: off).
     pub read_ahead_bytes: u64,
+    /// Stability window of sources (see `--settle-window`).
+    pub settle_window: Duration,
+    /// Connections held at once (see `--max-connections`).
+    pub max_connections: usize,
+    /// Time a new connection has to start speaking (see `--handshake-timeout`).
+    pub handshake_timeout: Duration,
     /// TLS certificate chain and key (PEM files), if the server speaks TLS.
     pub tls: Option<TlsPaths>,
     /// Cache files readable by the server's group (0640) rather than its user only (0600).
@@ -306,6 +338,9 @@ impl ServeConfig {
             token: None,
             chunk_target: DEFAULT_TARGET_CHUNK_BYTES,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
+            settle_window: DEFAULT_SETTLE_WINDOW,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             tls: None,
             cache_group_readable: false,
             source_options: BTreeMap::new(),
@@ -390,6 +425,23 @@ impl ServeConfig {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_READ_AHEAD_BYTES,
         };
+        let settle_window = match args.settle_window.or(file.settle_window) {
+            Some(s) => parse_duration(&s)?,
+            None => DEFAULT_SETTLE_WINDOW,
+        };
+        let handshake_timeout = match args.handshake_timeout.or(file.handshake_timeout) {
+            Some(s) => parse_duration(&s)?,
+            None => DEFAULT_HANDSHAKE_TIMEOUT,
+        };
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "max_connections 0 would refuse every client; use at least 1".to_string(),
+            ));
+        }
         let cache_max_bytes = match args.cache_max_bytes.or(cache_file.max_bytes) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
@@ -409,6 +461,9 @@ impl ServeConfig {
             token,
             chunk_target,
             read_ahead_bytes,
+            settle_window,
+            max_connections,
+            handshake_timeout,
             tls,
             cache_group_readable: args.cache_group_readable
                 || cache_file.group_readable.unwrap_or(false),

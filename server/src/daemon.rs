@@ -8,8 +8,6 @@ use std::time::Duration;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use tessera_segments::{Store, StoreError, StoreOptions};
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::chunks::{Backend, ChunkService};
@@ -17,7 +15,8 @@ use crate::config::{CacheKind, ServeConfig};
 use crate::flight::auth::{TokenCheck, validate_token};
 use crate::flight::chunk_get::ChunkGet;
 use crate::flight::{ServiceState, TesseraFlight};
-use crate::metrics::{Counted, Metered, MetricsServer};
+use crate::listener::{Admission, incoming};
+use crate::metrics::{Metered, MetricsServer};
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::source::watch::Watcher;
@@ -78,6 +77,7 @@ pub enum DaemonError {
 /// A bound, ready-to-run server.
 pub struct Daemon {
     listener: TcpListener,
+    admission: Admission,
     state: Arc<ServiceState>,
     token: Option<String>,
     tls: Option<TlsIdentity>,
@@ -119,7 +119,8 @@ impl Daemon {
             .max(2);
         let chunks = ChunkService::new(backend, config.memory_cache_bytes, decoders)
             .map_err(|e| DaemonError::Cache(e.to_string()))?
-            .with_read_ahead(config.read_ahead_bytes);
+            .with_read_ahead(config.read_ahead_bytes)
+            .with_settle_window(config.settle_window);
         let chunks = Arc::new(chunks);
         let state = Arc::new(ServiceState::new(registry, options, chunks));
         state.scan_status().finish();
@@ -140,6 +141,10 @@ impl Daemon {
                 })?;
         Ok(Daemon {
             listener,
+            admission: Admission {
+                max_connections: config.max_connections,
+                handshake_timeout: config.handshake_timeout,
+            },
             state,
             token: config.token.clone(),
             tls,
@@ -217,10 +222,7 @@ impl Daemon {
             .initial_connection_window_size(32 << 20)
             .max_frame_size(1 << 20)
             .add_service(service)
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener).map(|r| r.map(accepted)),
-                signal,
-            );
+            .serve_with_incoming_shutdown(incoming(self.listener, self.admission), signal);
         tokio::pin!(server);
         let grace = async {
             if stopping_rx.await.is_ok() {
@@ -243,16 +245,6 @@ impl Daemon {
         tracing::info!("stopped");
         result
     }
-}
-
-/// Prepares an accepted connection. The builder's `tcp_nodelay` only applies to listeners
-/// tonic binds itself; with our own listener each socket needs it, or small replies
-/// (GetFlightInfo, actions) wait ~40 ms for Nagle's algorithm and the peer's delayed ACK.
-fn accepted(stream: tokio::net::TcpStream) -> Counted {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
-    }
-    Counted::new(stream)
 }
 
 fn open_backend(config: &ServeConfig) -> Result<Backend, DaemonError> {

@@ -129,8 +129,11 @@ impl From<ServiceError> for Status {
 
 /// Longest error text sent back. Messages quote what the client sent (an array id, SQL);
 /// a huge request must not become a huge status, which travels twice in HTTP/2 headers
-/// and which clients refuse (hyper closes the connection on that many CONTINUATION frames).
-const MAX_MESSAGE_BYTES: usize = 4 << 10;
+/// (`grpc-message`, percent-encoded: up to 3 bytes per byte, and the base64
+/// `x-arrow-status-message-bin`: 4 per 3) and which clients refuse beyond their header-list
+/// limit (16 KiB for tonic/hyper: the call then fails as INTERNAL "h2 protocol error").
+/// 2 KiB keeps the worst case near 9 KiB; 4 KiB of `%` or non-ASCII text exceeded 16 KiB.
+const MAX_MESSAGE_BYTES: usize = 2 << 10;
 
 /// `message`, cut to [`MAX_MESSAGE_BYTES`] on a character boundary, saying how much was cut.
 fn bounded(mut message: String) -> String {
@@ -149,3 +152,33 @@ fn bounded(mut message: String) -> String {
 
 /// Shorthand for results of the service.
 pub type ServiceResult<T> = Result<T, ServiceError>;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Bytes of the status's headers as HTTP/2 counts them against a peer's header-list
+    /// limit (name + value + 32 per field).
+    fn header_list_size(status: &Status) -> usize {
+        let mut headers = tonic::codegen::http::HeaderMap::new();
+        status.add_header(&mut headers).unwrap();
+        headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 32)
+            .sum()
+    }
+
+    #[test]
+    fn the_worst_case_status_fits_a_16_kib_header_list() {
+        for text in [
+            "%".repeat(1 << 20),
+            "\u{e9}".repeat(1 << 19),
+            "y".repeat(1 << 20),
+        ] {
+            let status = Status::from(ServiceError::Catalog(text));
+            let size = header_list_size(&status);
+            assert!(size < 12 << 10, "{size} bytes of headers");
+        }
+    }
+}

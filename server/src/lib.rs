@@ -18,6 +18,7 @@ pub mod daemon;
 pub mod error;
 pub mod flight;
 pub mod grid;
+pub mod listener;
 pub mod metrics;
 pub mod source;
 pub mod tls;

@@ -16,6 +16,8 @@
 //! DataFusion memory. Anything but a query (DDL, DML, `COPY`, `SET`, file or URL
 //! table functions, tables outside the catalog) is refused with the reason.
 
+mod capped;
+mod guard;
 mod len;
 mod session;
 pub mod tables;

@@ -50,6 +50,23 @@ impl Snapshot {
     pub fn max_table_rows(&self) -> u64 {
         (self.tensors.len() + self.refused.len()) as u64
     }
+
+    /// Longest list a catalog table holds: a tensor's `shape`, `dim_labels` or chunk shape,
+    /// or the tensors of one source in `sources.tensors`. An upper bound for what `unnest`
+    /// of a table column spreads one row into.
+    pub fn max_list_len(&self) -> u64 {
+        let mut per_source = std::collections::HashMap::<&str, u64>::new();
+        let mut longest = 1u64;
+        for t in &self.tensors {
+            let count = per_source.entry(t.source_id.as_str()).or_default();
+            *count += 1;
+            longest = longest
+                .max(*count)
+                .max(t.shape().len() as u64)
+                .max(t.dim_labels.len() as u64);
+        }
+        longest
+    }
 }
 
 fn list_of(item: DataType) -> DataType {

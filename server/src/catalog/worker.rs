@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow_schema::Schema;
 use datafusion::common::DataFusionError;
@@ -18,7 +19,7 @@ use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
-use super::{CatalogError, CatalogLimits, QueryAnswer, Snapshot, session};
+use super::{CatalogError, CatalogLimits, QueryAnswer, Snapshot, guard, session};
 
 /// Stack of a catalog worker thread. Only the pages a query touches are used.
 const STACK_BYTES: usize = 64 << 20;
@@ -72,17 +73,42 @@ impl Job {
 
     async fn execute(&self) -> Result<QueryAnswer, CatalogError> {
         let limits = &self.limits;
+        let started = Instant::now();
         let runtime = session::runtime(self.memory.clone())?;
         let ctx = session::context(&runtime, &self.snapshot)?;
-        let frame = ctx
-            .sql_with_options(&self.sql, session::sql_options())
-            .await?;
+        let state = ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(&self.sql, &dialect)?;
+        // Refused by its size before the SQL planner and the optimiser, whose passes over a
+        // deep tree took a minute for 14 KB of `1 + 1 + …`.
+        guard::check_statement_depth(&statement, guard::MAX_EXPR_DEPTH)?;
+        let plan = state.statement_to_plan(statement).await?;
+        session::sql_options().verify_plan(&plan)?;
+        // Refused by its size before the optimiser, whose passes over a deep tree took a
+        // minute for 14 KB of `1 + 1 + …`.
+        guard::check_depth(&plan, guard::MAX_EXPR_DEPTH)?;
+        let list_len = guard::max_literal_list_len(&plan).max(self.snapshot.max_list_len());
+        let plan = guard::cap_functions(plan)?;
+        let frame = ctx.execute_logical_plan(plan).await?;
         // One row past the bound tells a complete answer from a cut one; the limit
         // is pushed into the plan, so a huge join stops producing early.
         let frame = frame.limit(0, Some(limits.max_rows.saturating_add(1)))?;
         let task = Arc::new(frame.task_ctx());
         let plan = frame.create_physical_plan().await?;
-        bound_rows(&plan, self.snapshot.max_table_rows(), limits.max_join_rows)?;
+        let bounds = Bounds {
+            leaf_rows: self.snapshot.max_table_rows(),
+            list_len,
+            max: limits.max_join_rows,
+        };
+        bound_rows(&plan, &bounds)?;
+        // Every operator stops at the deadline (checked at each batch it pulls) and at the
+        // row bound, so a query the estimate let through still ends on time.
+        let budget = Arc::new(guard::Budget {
+            deadline: started + limits.timeout,
+            timeout: limits.timeout,
+            max_rows: limits.max_join_rows,
+        });
+        let plan = guard::guard_plan(plan, &budget)?;
         let mut stream = execute_stream(plan, task)?;
         let schema = stream.schema();
 
@@ -90,6 +116,9 @@ impl Job {
         let (mut rows, mut bytes, mut truncated) = (0usize, 0usize, false);
         while let Some(batch) = stream.next().await {
             let batch = batch?;
+            if Instant::now() > budget.deadline {
+                return Err(CatalogError::TimedOut(limits.timeout));
+            }
             let size = batch.get_array_memory_size();
             let mut keep = batch.num_rows().min(limits.max_rows - rows);
             let room_bytes = limits.max_bytes.saturating_sub(bytes);
@@ -135,33 +164,54 @@ impl Job {
     }
 }
 
-/// Upper bound of the rows `plan` produces, refusing it when a join whose output is the
-/// product of its inputs (a cross join, or a nested loop join: no equality to hash on)
-/// may produce more than `max`. Those operators produce rows without yielding, so no
-/// deadline could stop them once started. A leaf produces at most `leaf_rows` (the
-/// largest catalog table); other operators at most what their inputs do.
-fn bound_rows(
-    plan: &Arc<dyn ExecutionPlan>,
+/// What [`bound_rows`] assumes of a query's inputs.
+struct Bounds {
+    /// Rows of the largest catalog table: what one scan produces at most.
     leaf_rows: u64,
+    /// Longest list one `unnest` may spread into rows: the longest list of the tables or
+    /// built by a literal or function call of the query.
+    list_len: u64,
+    /// The refusal threshold ([`CatalogLimits::max_join_rows`]).
     max: u64,
-) -> Result<u128, CatalogError> {
+}
+
+/// Upper bound of the rows `plan` produces, refusing it when a step may produce more than
+/// `bounds.max` rows. Joins count as the product of their inputs whatever their condition
+/// (an equality on a non-unique column multiplies rows as a cross join does; a 1:1 join
+/// is not proven), `unnest` as its input times the longest list. The deadline stops such
+/// work too (every operator is guarded, `guard.rs`), but only after it has held a worker
+/// for the whole time bound: refusing it at once keeps the worker for other clients. A leaf
+/// produces at most `bounds.leaf_rows` rows; other operators at most what their inputs do.
+fn bound_rows(plan: &Arc<dyn ExecutionPlan>, bounds: &Bounds) -> Result<u128, CatalogError> {
     let children = plan.children();
     if children.is_empty() {
-        return Ok(u128::from(leaf_rows.max(1)));
+        return Ok(u128::from(bounds.leaf_rows.max(1)));
     }
     let inputs = children
         .into_iter()
-        .map(|child| bound_rows(child, leaf_rows, max))
+        .map(|child| bound_rows(child, bounds))
         .collect::<Result<Vec<u128>, _>>()?;
-    Ok(match plan.name() {
-        "CrossJoinExec" | "NestedLoopJoinExec" => {
-            let estimated = inputs.iter().fold(1u128, |acc, n| acc.saturating_mul(*n));
-            if estimated > u128::from(max) {
-                return Err(CatalogError::TooExpensive { estimated, max });
-            }
-            estimated
-        }
+    let estimated = match plan.name() {
+        "CrossJoinExec"
+        | "NestedLoopJoinExec"
+        | "HashJoinExec"
+        | "SortMergeJoinExec"
+        | "SymmetricHashJoinExec"
+        | "PiecewiseMergeJoinExec" => inputs.iter().fold(1u128, |acc, n| acc.saturating_mul(*n)),
+        "UnnestExec" => inputs
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or(1)
+            .saturating_mul(u128::from(bounds.list_len.max(1))),
         "UnionExec" | "InterleaveExec" => inputs.iter().sum(),
         _ => inputs.into_iter().max().unwrap_or(1),
-    })
+    };
+    if estimated > u128::from(bounds.max) {
+        return Err(CatalogError::TooExpensive {
+            estimated,
+            max: bounds.max,
+        });
+    }
+    Ok(estimated)
 }

@@ -40,6 +40,7 @@ mod single_flight;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tessera_proto::json::{CacheBackend, CacheStats};
@@ -101,6 +102,10 @@ enum Materialized {
 /// while the reader's transfers run; more only holds cache room longer.
 pub const DEFAULT_READ_AHEAD_BYTES: u64 = 32 << 20;
 
+/// Default stability window: sources touched within the last second are waited for
+/// before a chunk of them is decoded (docs/decisions/0011).
+pub const DEFAULT_SETTLE_WINDOW: Duration = Duration::from_secs(1);
+
 /// Chunks of at least this many bytes are read into a pooled buffer and written with one
 /// large write instead of `copy_file_range` (one copy more), so that the segment's page
 /// cache holds 2 MiB folios (see the module docs). Below it a chunk cannot fill such a folio.
@@ -114,6 +119,8 @@ pub struct ChunkService {
     buffers: BufferPool,
     decode_permits: Semaphore,
     read_ahead_bytes: u64,
+    /// A source touched more recently than this is not decoded until it is older.
+    settle_window: Duration,
     /// Keys queued for decoding ahead and not finished yet.
     queued_ahead: parking_lot::Mutex<HashSet<Vec<u8>>>,
     schema_header: Bytes,
@@ -147,6 +154,7 @@ impl ChunkService {
             buffers: BufferPool::new(max_decodes),
             decode_permits: Semaphore::new(max_decodes.max(1)),
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
+            settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
             schema_header,
             write_failing: AtomicBool::new(false),
@@ -165,6 +173,14 @@ impl ChunkService {
     /// backend does not read ahead (its cache is RAM the reader may never claim).
     pub fn with_read_ahead(mut self, bytes: u64) -> Self {
         self.read_ahead_bytes = bytes;
+        self
+    }
+
+    /// Sets the stability window: a source whose mtime or ctime is younger than this is
+    /// waited for before a chunk of it is decoded, so a write still in progress is never
+    /// cached (docs/decisions/0011). The default is [`DEFAULT_SETTLE_WINDOW`].
+    pub fn with_settle_window(mut self, window: Duration) -> Self {
+        self.settle_window = window;
         self
     }
 
@@ -360,9 +376,23 @@ impl ChunkService {
                 "source '{}' changed on disk since this chunk was planned ({e}); plan the read again",
                 tensor.source_id
             )),
+            NpyError::SourceBusy { .. } => ServiceError::Unavailable(format!(
+                "source '{}' is being written, so its chunks are not served until the write is done ({e}); retry",
+                tensor.source_id
+            )),
             other => {
                 ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id))
             }
+        };
+        // Only bytes of one complete version are ever cached: no writer, nothing touched
+        // within the window, header and identity as planned (checked again after reading).
+        tensor
+            .file
+            .settle(self.settle_window)
+            .map_err(source_error)?;
+        let finished = || {
+            tensor.file.check_unchanged()?;
+            tensor.file.check_no_writer()
         };
         let mut try_append = true;
         if let Backend::File(store) = &self.backend
@@ -373,8 +403,7 @@ impl ChunkService {
             // checked unchanged after the copy and before the entry is committed, so bytes
             // of a file modified during the copy are never served under the old id.
             let started = std::time::Instant::now();
-            let appended =
-                store.append_from_file_checked(&key, &meta, src, || tensor.file.check_unchanged());
+            let appended = store.append_from_file_checked(&key, &meta, src, finished);
             crate::metrics::global().record_write(started.elapsed());
             match appended {
                 Ok(Ok(_)) => {
@@ -402,6 +431,7 @@ impl ChunkService {
             .file
             .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
             .map_err(source_error)?;
+        finished().map_err(source_error)?;
 
         if let Backend::File(store) = &self.backend
             && try_append

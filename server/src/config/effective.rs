@@ -50,6 +50,18 @@ pub fn render(config: &ServeConfig) -> String {
         "read_ahead".into(),
         Value::String(size_string(config.read_ahead_bytes)),
     );
+    top.insert(
+        "settle_window".into(),
+        Value::String(duration_string(config.settle_window)),
+    );
+    top.insert(
+        "max_connections".into(),
+        Value::Integer(i64::try_from(config.max_connections).unwrap_or(i64::MAX)),
+    );
+    top.insert(
+        "handshake_timeout".into(),
+        Value::String(duration_string(config.handshake_timeout)),
+    );
     top.insert("watch".into(), Value::Boolean(config.watch));
     top.insert(
         "watch_interval".into(),

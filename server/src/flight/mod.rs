@@ -40,7 +40,7 @@ use tessera_proto::ticket::{TicketPayload, decode_flight_request, decode_ticket}
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog::{self, Catalog, CatalogLimits};
-use crate::chunk_id::ChunkId;
+use crate::chunk_id::{ChunkId, MAX_ARRAY_ID_BYTES};
 use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
 use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
@@ -126,6 +126,7 @@ impl ServiceState {
     /// Resolves an array id (`source` or `source/field`) to its tensor, reopening
     /// the source first if its file changed on disk since it was opened.
     pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
+        check_array_id_len(array_id)?;
         let (source_id, field) = match array_id.split_once('/') {
             Some((s, f)) => (s, Some(f)),
             None => (array_id, None),
@@ -192,6 +193,12 @@ impl ServiceState {
 
     fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
         let path = stale.file.path().to_path_buf();
+        if let Err(busy) = stale.file.check_no_writer() {
+            return Err(ServiceError::Unavailable(format!(
+                "source '{}' is being written; plan the read again when the write is done ({busy})",
+                stale.source_id
+            )));
+        }
         tracing::info!(source_id = %stale.source_id, path = %path.display(), "source changed on disk; reopening");
         let mut registry = self.registry.write();
         registry.reopen(&stale.source_id, &path, &self.open_options);
@@ -250,6 +257,19 @@ impl ServiceState {
     }
 }
 
+/// Refuses an array id longer than any id a chunk ticket can carry
+/// ([`MAX_ARRAY_ID_BYTES`]) by its length alone, without quoting it: such an id names no
+/// source, and echoing it would turn a request into a large status.
+fn check_array_id_len(array_id: &str) -> ServiceResult<()> {
+    if array_id.len() <= usize::MAX {
+        return Ok(());
+    }
+    Err(ServiceError::InvalidArgument(format!(
+        "array id is {} bytes, over the limit of {MAX_ARRAY_ID_BYTES} bytes",
+        array_id.len()
+    )))
+}
+
 /// The Flight service.
 #[derive(Clone)]
 pub struct TesseraFlight {
@@ -283,10 +303,11 @@ impl TesseraFlight {
             DescriptorType::Path => {
                 let [name] = descriptor.path.as_slice() else {
                     return Err(ServiceError::InvalidArgument(format!(
-                        "path descriptor {:?} must hold exactly one array id",
-                        descriptor.path
+                        "a path descriptor must hold exactly one array id, this one holds {}",
+                        descriptor.path.len()
                     )));
                 };
+                check_array_id_len(name)?;
                 if let Some(info) = catalog::wire::table_flight_info(name)? {
                     return Ok(info);
                 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, default_dim_labels};
-use crate::source::npy::{FileIdentity, Limits, NpyFile};
+use crate::source::npy::{FileIdentity, Limits, NpyError, NpyFile};
 
 /// One served tensor: an opened `.npy` file with its chunk grid.
 #[derive(Debug)]
@@ -374,7 +374,7 @@ fn open_tensor(
     labels: Option<&[String]>,
     options: &OpenOptions,
 ) -> Result<Tensor, String> {
-    let file = NpyFile::open(path, &options.limits).map_err(|e| e.to_string())?;
+    let file = NpyFile::open(path, &options.limits).map_err(|e| refusal(path, &e))?;
     let header = file.header();
     let grid = ChunkGrid::plan(
         &header.shape,
@@ -410,6 +410,25 @@ fn open_tensor(
         dim_labels,
         version,
     })
+}
+
+/// The reason `path` was refused, as logged and sent to clients.
+///
+/// Only a path that names a regular file itself may have its bytes quoted (the magic check
+/// shows the first 8 bytes it found, header errors a snippet of the header). A symbolic
+/// link is followed when it names a regular file, wherever that lives, so it may point at
+/// anything the server can read (`/etc/passwd`): its refusal says which check failed and
+/// that it is a link, and quotes nothing read from it. Non-regular files (FIFOs, devices,
+/// directories) are refused by `NpyFile::open` before anything is read.
+fn refusal(path: &Path, err: &NpyError) -> String {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_file() => err.to_string(),
+        Ok(meta) if meta.file_type().is_symlink() => format!(
+            "{} (a symbolic link: nothing read through it is quoted)",
+            err.without_content()
+        ),
+        _ => err.without_content(),
+    }
 }
 
 /// Adds the spec's file, or the files of its directory (recursively), to `out` in
@@ -606,6 +625,26 @@ pub(crate) mod tests {
         npy(&path, &[2], &[7, 8]);
         let fixed = again.rebuild(&Discovery::run(&specs), |_| false, &options());
         assert_eq!(fixed.get("bad").unwrap().shape(), [2]);
+    }
+
+    #[test]
+    fn refusals_quote_bytes_of_regular_files_only() {
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("passwd");
+        std::fs::write(&secret, b"root:x:0:0:root:/root:/bin/sh\n").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(&secret, dir.path().join("link.npy")).unwrap();
+        std::fs::copy(&secret, dir.path().join("copy.npy")).unwrap();
+        let (registry, _) =
+            Registry::scan(&[SourceSpec::from(dir.path().to_path_buf())], &options());
+
+        let link = &registry.refused_source("link").unwrap().reason;
+        assert!(!link.contains("root"), "{link}");
+        assert!(link.contains("not a .npy file"), "{link}");
+        assert!(link.contains("symbolic link"), "{link}");
+        // A regular file served by name still shows what it begins with.
+        let copy = &registry.refused_source("copy").unwrap().reason;
+        assert!(copy.contains("root:x:0"), "{copy}");
     }
 
     #[test]

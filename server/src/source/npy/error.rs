@@ -295,13 +295,22 @@ pub enum NpyError {
         /// What changed.
         what: String,
     },
+    /// The file is being written (or was written within the stability window), so its
+    /// bytes may not be one complete version yet; retry once the write is done.
+    #[error("{}: source is being written, retry when the write is done: {what}", file.display())]
+    SourceBusy {
+        /// The path that was opened.
+        file: PathBuf,
+        /// What shows the write.
+        what: String,
+    },
 }
 
 impl NpyError {
     /// The file the error is about, or `None` for bytes held by the caller.
     pub fn file(&self) -> Option<&Path> {
         match self {
-            Self::SourceChanged { file, .. } => Some(file),
+            Self::SourceChanged { file, .. } | Self::SourceBusy { file, .. } => Some(file),
             Self::Io { file, .. }
             | Self::NotAFile { file, .. }
             | Self::EmptyFile { file }
@@ -330,6 +339,51 @@ impl NpyError {
     }
 }
 
+impl NpyError {
+    /// The error without anything read from the source: no bytes, dtype strings, keys,
+    /// shapes, versions or lengths taken from the file, only which check refused it.
+    ///
+    /// For sources whose content must not be quoted, e.g. a symbolic link that may point
+    /// anywhere the server can read (`/etc/passwd`): the full [`Display`](fmt::Display) form
+    /// quotes up to 8 bytes of a non-`.npy` file and snippets of a malformed header.
+    pub fn without_content(&self) -> String {
+        let what = match self {
+            Self::Io { .. }
+            | Self::NotAFile { .. }
+            | Self::EmptyFile { .. }
+            | Self::MissingKey { .. }
+            | Self::ScalarShape { .. }
+            | Self::InvalidRegion { .. }
+            | Self::OutputSize { .. }
+            | Self::SourceChanged { .. }
+            | Self::SourceBusy { .. } => return self.to_string(),
+            Self::BadMagic { .. } => "not a .npy file: it does not begin with the magic \\x93NUMPY",
+            Self::UnsupportedVersion { .. } => "unknown .npy version (1.0, 2.0 and 3.0 are read)",
+            Self::HeaderTooLong { .. } => "header length exceeds the configured limit",
+            Self::TruncatedHeader { .. } => "header truncated",
+            Self::MisalignedHeader { .. } => "the header does not end on a multiple of 16 bytes",
+            Self::HeaderEncoding { .. } => "header encoding refused",
+            Self::ObjectDtype { .. } => "object dtype is refused: its payload is a pickle",
+            Self::StructuredDtype { .. } => "structured dtype is refused",
+            Self::UnsupportedDtype { .. } => "dtype is not supported",
+            Self::HeaderSyntax { .. } => "header refused: not the dict literal numpy writes",
+            Self::UnknownKey { .. } => "header holds a key other than descr, fortran_order, shape",
+            Self::DuplicateKey { .. } => "a header key appears more than once",
+            Self::NegativeDimension { .. } => "a shape dimension is negative",
+            Self::SizeOverflow { .. } => "byte size of the shape overflows u64",
+            Self::LimitExceeded { what, .. } => {
+                return format!(
+                    "{}: {what} of the shape exceeds the configured limit",
+                    Origin(self.file())
+                );
+            }
+            Self::TruncatedPayload { .. } => "payload truncated: shorter than its header declares",
+            Self::OutOfMemory { .. } => "could not allocate the payload",
+        };
+        format!("{}: {what}", Origin(self.file()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,5 +405,34 @@ mod tests {
         };
         assert_eq!(err.to_string(), "/d/a.npy: dtype '<U7' is not supported");
         assert_eq!(err.file(), Some(Path::new("/d/a.npy")));
+    }
+
+    #[test]
+    fn without_content_quotes_nothing_from_the_file() {
+        let err = NpyError::BadMagic {
+            file: Some(PathBuf::from("/d/p.npy")),
+            found: "\"root:x:0\"".to_owned(),
+        };
+        assert!(err.to_string().contains("root:x:0"), "{err}");
+        let redacted = err.without_content();
+        assert_eq!(
+            redacted,
+            "/d/p.npy: not a .npy file: it does not begin with the magic \\x93NUMPY"
+        );
+        let err = NpyError::HeaderSyntax {
+            file: Some(PathBuf::from("/d/p.npy")),
+            reason: "expected '{', found `secret`".to_owned(),
+        };
+        assert!(!err.without_content().contains("secret"));
+        let err = NpyError::LimitExceeded {
+            file: None,
+            what: "byte size",
+            value: 1 << 40,
+            limit: 1 << 30,
+            shape: "(1099511627776,)".to_owned(),
+        };
+        let redacted = err.without_content();
+        assert!(!redacted.contains("1099511627776"), "{redacted}");
+        assert!(redacted.contains("byte size"), "{redacted}");
     }
 }

@@ -13,6 +13,7 @@ use super::header::Header;
 use super::limits::Limits;
 use super::region::{Runs, check_output, check_region, fortran_strides, gather, stored_runs};
 use super::stream::{allocate, read_header, read_stream};
+use super::writers::{self, Writers};
 
 /// Bytes read first when opening a file; numpy headers are 64 or 128 bytes.
 const FIRST_READ: usize = 4096;
@@ -55,7 +56,12 @@ pub struct NpyFile {
     path: PathBuf,
     header: Header,
     identity: FileIdentity,
+    /// The preamble and header bytes as read at open, compared again before a decode.
+    header_bytes: Vec<u8>,
 }
+
+/// How often [`NpyFile::settle`] waits out a stability window before giving up.
+const SETTLE_ATTEMPTS: usize = 3;
 
 impl NpyFile {
     /// Opens `path`, checks its header, that it is a regular file and that the payload is all
@@ -82,11 +88,13 @@ impl NpyFile {
                 declared: header.data_len,
             });
         }
+        let header_bytes = read_prefix(&file, path, header.data_offset)?;
         Ok(NpyFile {
             file,
             path: path.to_path_buf(),
             header,
             identity,
+            header_bytes,
         })
     }
 
@@ -157,6 +165,64 @@ impl NpyFile {
         }
         if now.mtime_ns != self.identity.mtime_ns {
             return Err(changed("it was modified (its mtime moved)".to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Checks that the file is one complete version right now, the one opened: unchanged
+    /// since open ([`NpyFile::check_unchanged`]), no process has it open for writing (asked
+    /// of the kernel, see [`writers`]), its header bytes are those read at open, and its
+    /// mtime and ctime are older than `window`. A file touched within the window is waited
+    /// for (at most a few windows); a file open for writing is refused at once with
+    /// [`NpyError::SourceBusy`].
+    ///
+    /// Why all of these: a single long `write` sets the mtime once, when it starts, so the
+    /// identity alone cannot tell a finished write from one still copying; the writer probe
+    /// can, where the kernel answers it; the window covers writers the probe cannot see
+    /// (files of another owner, file systems without leases) as long as they pause less
+    /// than the window, and timestamps coarser than the writes.
+    pub fn settle(&self, window: std::time::Duration) -> Result<(), NpyError> {
+        for _ in 0..SETTLE_ATTEMPTS {
+            self.check_unchanged()?;
+            self.check_no_writer()?;
+            let meta = self
+                .file
+                .metadata()
+                .map_err(|source| io_error(&self.path, "stat", source))?;
+            match touched_within(&meta, window) {
+                Some(wait) => std::thread::sleep(wait),
+                None => return self.check_header_same(),
+            }
+        }
+        Err(NpyError::SourceBusy {
+            file: self.path.clone(),
+            what: format!(
+                "it kept changing within the {} ms stability window",
+                window.as_millis()
+            ),
+        })
+    }
+
+    /// Refuses with [`NpyError::SourceBusy`] when another process has the file open for
+    /// writing; passes when none has or when the kernel would not say.
+    pub fn check_no_writer(&self) -> Result<(), NpyError> {
+        match writers::probe(&self.file) {
+            Writers::Open => Err(NpyError::SourceBusy {
+                file: self.path.clone(),
+                what: "another process has it open for writing".to_owned(),
+            }),
+            Writers::None | Writers::Unknown => Ok(()),
+        }
+    }
+
+    /// Checks that the file's preamble and header are still the bytes read at open.
+    fn check_header_same(&self) -> Result<(), NpyError> {
+        let now = read_prefix(&self.file, &self.path, self.header.data_offset)?;
+        if now != self.header_bytes {
+            return Err(NpyError::SourceChanged {
+                file: self.path.clone(),
+                what: "its header bytes changed".to_owned(),
+            });
         }
         Ok(())
     }
@@ -239,6 +305,40 @@ fn io_error(path: &Path, action: &'static str, source: io::Error) -> NpyError {
         action,
         source,
     }
+}
+
+/// The first `len` bytes of `file` (the preamble and header: bounded by the header limits).
+fn read_prefix(file: &File, path: &Path, len: u64) -> Result<Vec<u8>, NpyError> {
+    let len = usize::try_from(len).map_err(|_| {
+        io_error(
+            path,
+            "read the header",
+            io::Error::other("header length does not fit in memory"),
+        )
+    })?;
+    let mut buf = vec![0; len];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(|source| io_error(path, "read the header", source))?;
+    Ok(buf)
+}
+
+/// How much longer to wait when the file's mtime or ctime is within `window` of now;
+/// `None` once both are older. Timestamps more than a window in the future (a clock set
+/// back, a copied file) cannot be judged by age and count as old.
+fn touched_within(meta: &Metadata, window: std::time::Duration) -> Option<std::time::Duration> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
+        .unwrap_or(0);
+    let window_ns = i128::try_from(window.as_nanos()).unwrap_or(i128::MAX);
+    let stamp = |secs: i64, nanos: i64| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
+    let latest = stamp(meta.mtime(), meta.mtime_nsec()).max(stamp(meta.ctime(), meta.ctime_nsec()));
+    let age = now - latest;
+    if age >= window_ns || age < -window_ns {
+        return None;
+    }
+    let left = u64::try_from((window_ns - age.max(0)).max(1_000_000)).unwrap_or(u64::MAX);
+    Some(std::time::Duration::from_nanos(left))
 }
 
 /// Opens `path` for reading without blocking on FIFOs, and refuses anything but a regular file.

@@ -51,6 +51,7 @@ mod limits;
 mod region;
 mod stream;
 mod view;
+mod writers;
 
 pub use dtype::{ByteOrder, Dtype, Kind};
 pub use error::NpyError;

@@ -1,0 +1,176 @@
+//! The accept loop: admits at most a configured number of connections, drops peers that do
+//! not start speaking within the handshake timeout, and backs off instead of spinning when
+//! the process runs out of descriptors.
+//!
+//! Without it an idle TCP connection that never sends the HTTP/2 preface was held forever,
+//! and with the descriptor limit reached tonic's loop retried `accept` at once, at 100 % CPU,
+//! while new clients timed out (issue 14).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::metrics::Counted;
+
+/// Bytes a client sends first on a plain HTTP/2 connection (the connection preface); a TLS
+/// client's hello is longer. A connection counts as started once this many bytes arrived.
+const PREFACE_BYTES: usize = 24;
+/// First pause after `accept` fails for lack of descriptors or memory; doubled up to the cap.
+const BACKOFF_START: Duration = Duration::from_millis(5);
+/// Longest pause between `accept` retries.
+const BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// Limits of the accept loop.
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    /// Connections held open at once; beyond it new ones are closed as they arrive.
+    pub max_connections: usize,
+    /// Time a new connection has to send its first bytes (the HTTP/2 preface or TLS hello).
+    pub handshake_timeout: Duration,
+}
+
+/// The accepted connections of `listener` under `admission`, ready for tonic's
+/// `serve_with_incoming`. The stream never yields an error: failures of `accept` are logged
+/// and retried (with backoff when descriptors run out).
+pub fn incoming(
+    listener: TcpListener,
+    admission: Admission,
+) -> impl Stream<Item = Result<Admitted, io::Error>> {
+    let slots = Arc::new(Semaphore::new(admission.max_connections.max(1)));
+    futures::stream::unfold(
+        (listener, slots, BACKOFF_START, 0u64),
+        move |(listener, slots, mut backoff, mut turned_away)| async move {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(err) if out_of_resources(&err) => {
+                        tracing::warn!(error = %err, pause = ?backoff, "accept failed for lack of resources; pausing");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_CAP);
+                        continue;
+                    }
+                    Err(err) => {
+                        tracing::debug!(error = %err, "accept failed");
+                        continue;
+                    }
+                };
+                backoff = BACKOFF_START;
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    // Closed at once: the peer sees a reset, not a hang.
+                    turned_away += 1;
+                    if turned_away.is_power_of_two() {
+                        tracing::warn!(
+                            max_connections = admission.max_connections,
+                            turned_away,
+                            "connection limit reached; closing new connections"
+                        );
+                    }
+                    drop(stream);
+                    continue;
+                };
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+                }
+                let admitted = Admitted {
+                    stream: Counted::new(stream),
+                    _slot: permit,
+                    handshake: Some(Box::pin(tokio::time::sleep_until(
+                        Instant::now() + admission.handshake_timeout,
+                    ))),
+                    received: 0,
+                };
+                return Some((Ok(admitted), (listener, slots, backoff, turned_away)));
+            }
+        },
+    )
+}
+
+/// `accept` errors that mean "not now" for the whole process rather than one bad peer.
+fn out_of_resources(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// An admitted connection: holds its slot until dropped and fails its reads once the
+/// handshake timeout passes before the peer sent its first bytes.
+pub struct Admitted {
+    stream: Counted,
+    _slot: OwnedSemaphorePermit,
+    /// Running until the first bytes arrived; `None` after.
+    handshake: Option<Pin<Box<Sleep>>>,
+    received: usize,
+}
+
+impl Connected for Admitted {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Admitted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        let this = &mut *self;
+        if let Some(deadline) = this.handshake.as_mut() {
+            this.received += buf.filled().len() - before;
+            if this.received >= PREFACE_BYTES {
+                this.handshake = None;
+            } else if polled.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the peer sent no HTTP/2 preface within the handshake timeout",
+                )));
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Admitted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
