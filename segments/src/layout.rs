@@ -42,15 +42,16 @@ pub(crate) fn dir_mode(file_mode: u32) -> u32 {
     if file_mode & 0o040 != 0 { 0o750 } else { 0o700 }
 }
 
-/// Creates `dir` and its missing parents with [`dir_mode`] (the umask still applies); an
-/// existing `dir` loses the permission bits beyond that mode (setgid and sticky bits are
-/// kept, so a `chmod 2750` group setup survives). A directory the server cannot `chmod`
-/// (owned by another user) is kept as it is, with a warning.
+/// Creates `dir` and its missing parents with [`dir_mode`], and sets `dir` to exactly that
+/// mode (a umask does not narrow it further): wider bits left by an older build go, and
+/// turning group-readable files on or off takes effect (setgid and sticky bits are kept,
+/// so a `chmod 2750` group setup survives). A directory the server cannot `chmod` (owned
+/// by another user) is kept as it is, with a warning.
 pub(crate) fn create_private_dir(dir: &Path, file_mode: u32) -> std::io::Result<()> {
     let mode = dir_mode(file_mode);
     DirBuilder::new().recursive(true).mode(mode).create(dir)?;
     let current = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
-    let tightened = current & !(0o777 & !mode);
+    let tightened = (current & !0o777) | mode;
     if tightened != current
         && let Err(e) = std::fs::set_permissions(dir, Permissions::from_mode(tightened))
     {

@@ -58,6 +58,7 @@ fn directories_and_lock_are_private_even_when_left_wider() {
     assert_eq!(mode(&dir.join("segments")), 0o700);
     assert_eq!(mode(&dir.join("lock")), 0o600);
     store.close().unwrap();
+    drop(store);
 
     set(&dir, 0o2775);
     let store = Store::open(StoreOptions::new(&dir).with_file_mode(0o640)).unwrap();
@@ -65,6 +66,7 @@ fn directories_and_lock_are_private_even_when_left_wider() {
     assert_eq!(mode(&dir.join("segments")), 0o750);
     assert_eq!(mode(&dir.join("lock")), 0o600);
     store.close().unwrap();
+    drop(store);
 
     // Created fresh: 0700 and 0750.
     let fresh = tmp.path().join("new/cache");
@@ -72,4 +74,5 @@ fn directories_and_lock_are_private_even_when_left_wider() {
     assert_eq!(mode(&fresh), 0o700);
     assert_eq!(mode(&fresh.join("segments")), 0o700);
     store.close().unwrap();
+    drop(store);
 }

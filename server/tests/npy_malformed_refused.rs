@@ -38,6 +38,7 @@ fn kind(err: &NpyError) -> &'static str {
         NpyError::InvalidRegion { .. } => "InvalidRegion",
         NpyError::OutputSize { .. } => "OutputSize",
         NpyError::SourceChanged { .. } => "SourceChanged",
+        NpyError::SourceBusy { .. } => "SourceBusy",
     }
 }
 

@@ -156,12 +156,55 @@ async fn overlong_and_deeply_nested_sql_is_refused_without_crashing() {
     // A flat chain as long as the bound allows parses without recursion but builds
     // an 8,000-level tree; it overflowed a 2 MiB stack before queries got their
     // own thread, aborting the process.
+    // Since issue 14 it is refused by its depth right after parsing (planning it kept a
+    // worker busy for about a minute).
     let chain = format!("SELECT 1{}", "+1".repeat(8_000));
     assert!(chain.len() <= CatalogLimits::default().max_sql_bytes);
-    if let Ok(answer) = catalog.query(&snapshot, &chain).await {
-        assert_eq!(answer.returned_rows, 1);
-    }
+    let started = std::time::Instant::now();
+    let err = catalog.query(&snapshot, &chain).await.unwrap_err();
+    assert!(err.to_string().contains("levels deep"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     // Whatever that answered, the engine still works.
     let answer = catalog.query(&snapshot, "SELECT 1 AS one").await.unwrap();
     assert_eq!(answer.returned_rows, 1);
+}
+
+#[tokio::test]
+async fn a_query_the_gate_lets_through_still_frees_its_worker_at_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = Snapshot::of(&registry(dir.path(), 12));
+    // No row gate, one worker: only the deadline can stop the 12^9-row fold, and the next
+    // query gets the worker only once the first has really stopped.
+    let timeout = Duration::from_millis(500);
+    let catalog = Catalog::new(CatalogLimits {
+        max_join_rows: u64::MAX,
+        workers: 1,
+        timeout,
+        ..CatalogLimits::default()
+    });
+    let started = std::time::Instant::now();
+    let err = catalog
+        .query(
+            &snapshot,
+            "SELECT max(a.nbytes + b.nbytes + c.nbytes + d.nbytes + e.nbytes + f.nbytes \
+             + g.nbytes + h.nbytes + i.nbytes) FROM tensors a, tensors b, tensors c, \
+             tensors d, tensors e, tensors f, tensors g, tensors h, tensors i",
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ran longer than"), "{err}");
+    let answer = catalog
+        .query(&snapshot, "SELECT count(*) FROM tensors")
+        .await
+        .unwrap();
+    assert_eq!(answer.returned_rows, 1);
+    assert!(
+        started.elapsed() < timeout * 4,
+        "the worker was held for {:?}",
+        started.elapsed()
+    );
 }

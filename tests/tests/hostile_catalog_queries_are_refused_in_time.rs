@@ -34,7 +34,7 @@ fn chain(first: &str, step: &str, last: &str) -> String {
 
 /// The hostile queries and a word the refusal must contain.
 fn hostile() -> Vec<(&'static str, String, &'static str)> {
-    let ten = |item: &str, sep: &str| vec![item; 10].join(sep);
+    let ten = |item: &str, sep: &str| [item; 10].join(sep);
     let mut self_joins = "select count(*) from tensors t0".to_string();
     for k in 1..9 {
         self_joins.push_str(&format!(
@@ -98,7 +98,7 @@ fn hostile() -> Vec<(&'static str, String, &'static str)> {
     ]
 }
 
-/// Sends `sql`; the refusal's message, or `None` when it answered.
+/// Sends `sql`: the answer, or the status it was refused with.
 async fn send(client: &mut FlightClient, sql: &str) -> Result<Vec<RecordBatch>, tonic::Status> {
     let ticket = Ticket::new(tessera_proto::ticket::catalog_ticket(sql));
     let stream = client.do_get(ticket).await.map_err(status_of)?;

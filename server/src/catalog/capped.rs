@@ -353,7 +353,6 @@ impl ScalarUDFImpl for StringConcat {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let rows = args.number_rows;
         let scalar = args
             .args
             .iter()
@@ -366,7 +365,8 @@ impl ScalarUDFImpl for StringConcat {
         };
         let (left, right) = (left.as_string::<i32>(), right.as_string::<i32>());
         let mut out = StringBuilder::new();
-        for i in 0..left.len().max(right.len()).min(rows.max(left.len())) {
+        // `values_to_arrays` gave both the same length (scalars repeated).
+        for i in 0..left.len().min(right.len()) {
             if left.is_null(i) || right.is_null(i) {
                 out.append_null();
             } else {

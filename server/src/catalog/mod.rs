@@ -51,9 +51,9 @@ pub struct CatalogLimits {
     pub memory_bytes: usize,
     /// How many queries run at once (each on its own thread); more wait their turn.
     pub workers: usize,
-    /// Largest cross product (rows of a join without an equality) a plan may hold. The
-    /// time bound cannot stop an operator that never yields, so such work is refused
-    /// before it starts.
+    /// Most rows a join (any kind: a 1:1 join is not proven), an `unnest` or any other
+    /// step of a plan may produce: estimated before the plan runs (refused at once, so it
+    /// holds no worker) and counted while it runs (stopped there).
     pub max_join_rows: u64,
 }
 

@@ -261,7 +261,7 @@ impl ServiceState {
 /// ([`MAX_ARRAY_ID_BYTES`]) by its length alone, without quoting it: such an id names no
 /// source, and echoing it would turn a request into a large status.
 fn check_array_id_len(array_id: &str) -> ServiceResult<()> {
-    if array_id.len() <= usize::MAX {
+    if array_id.len() <= MAX_ARRAY_ID_BYTES {
         return Ok(());
     }
     Err(ServiceError::InvalidArgument(format!(
