@@ -24,7 +24,7 @@ enum Command {
     ///
     /// Example: `tessera serve samples/` then, from Python,
     /// `biopb.tensor.TensorFlightClient("grpc://127.0.0.1:8815").get_array("zstack")`.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Read a tensor (or a region of it) into a .npy file numpy reads back exactly.
     ///
     /// On a loopback server chunks are mapped from the server's segment files
@@ -152,7 +152,7 @@ async fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Serve(args) => {
-            let config = ServeConfig::resolve(args).context("invalid configuration")?;
+            let config = ServeConfig::resolve(*args).context("invalid configuration")?;
             init_logging(cli.log_format.unwrap_or(config.log_format));
             if config.paths.is_empty() {
                 tracing::warn!("no sources given: pass .npy files or directories to serve");

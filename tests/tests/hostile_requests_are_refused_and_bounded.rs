@@ -1,6 +1,6 @@
 //! Hostile input against the real `tessera` process: requests above the size limit are
-//! refused, and an absurdly long array id gets a short error naming the id limit. The server keeps serving
-//! throughout. (Forged tickets: forged_tickets_are_refused.rs.)
+//! refused, and an absurdly long array id gets a short error naming the id limit. The server
+//! keeps serving throughout. (Forged tickets: forged_tickets_are_refused.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use arrow_flight::{FlightDescriptor, Ticket};
