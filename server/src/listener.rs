@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
@@ -82,7 +82,8 @@ pub fn incoming(
                     tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
                 }
                 let admitted = Admitted {
-                    stream: Counted::new(stream),
+                    stream,
+                    _counted: Counted::new(),
                     _slot: permit,
                     handshake: Some(Box::pin(tokio::time::sleep_until(
                         Instant::now() + admission.handshake_timeout,
@@ -106,7 +107,8 @@ fn out_of_resources(err: &io::Error) -> bool {
 /// An admitted connection: holds its slot until dropped and fails its reads once the
 /// handshake timeout passes before the peer sent its first bytes.
 pub struct Admitted {
-    stream: Counted,
+    stream: TcpStream,
+    _counted: Counted,
     _slot: OwnedSemaphorePermit,
     /// Running until the first bytes arrived; `None` after.
     handshake: Option<Pin<Box<Sleep>>>,

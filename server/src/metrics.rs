@@ -412,73 +412,30 @@ fn log_failure(method: &str, status: &tonic::Status) {
     }
 }
 
-/// An accepted connection, counted in `tessera_open_connections` while it lives.
+/// Counts one accepted connection in `tessera_open_connections` while it lives (held by
+/// the connection, `crate::listener::Admitted`).
 #[derive(Debug)]
-pub struct Counted {
-    stream: TcpStream,
-}
+pub struct Counted(());
 
 impl Counted {
-    /// Counts `stream` as open until this is dropped.
-    pub fn new(stream: TcpStream) -> Self {
+    /// Counts a connection as open until this is dropped.
+    pub fn new() -> Self {
         let metrics = global();
         metrics.connections.fetch_add(1, Ordering::Relaxed);
         metrics.open_connections.fetch_add(1, Ordering::Relaxed);
-        Self { stream }
+        Self(())
+    }
+}
+
+impl Default for Counted {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
         global().open_connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Connected for Counted {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

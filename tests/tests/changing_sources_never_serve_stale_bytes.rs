@@ -206,13 +206,19 @@ async fn repeated_rewrites_while_reading_never_mix_versions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w.npy");
     write_npy(&path, "|u1", &SHAPE, &version(0));
-    let server = start(&path).await;
+    // A stability window shorter than the writer's pauses, so chunks are served between
+    // rewrites (with the default 1 s window every read during the rewrites waits or is
+    // refused as "being written"; docs/decisions/0011).
+    let server = TestServer::start_with(vec![path.clone()], |c| {
+        c.chunk_target = 16 << 10;
+        c.settle_window = Duration::from_millis(10);
+    })
+    .await;
     let versions: Arc<Vec<Vec<u8>>> = Arc::new((0..VERSIONS).map(version).collect());
 
     // The writer rewrites in place (same inode: truncate, then write), pausing between
-    // versions so each version's mtime is distinct at the filesystem's timestamp granularity.
-    // Known limit (NpyFile::check_unchanged): an overwrite that keeps the size and lands in
-    // the same timestamp tick as the previous version cannot be told apart without hashing.
+    // versions longer than the stability window, which is itself longer than the file
+    // system's timestamp granularity: each version gets a distinct mtime before it is read.
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let (path, versions, done) = (path.clone(), versions.clone(), done.clone());
