@@ -27,12 +27,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tessera_proto::json::CacheBackend;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::Code;
 use tonic::codegen::http;
 use tonic::server::NamedService;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::flight::ServiceState;
 
