@@ -32,8 +32,15 @@ fn data_offset(path: &Path) -> u64 {
 }
 
 async fn start(path: &Path, cache: Option<PathBuf>) -> TestServer {
+    start_settling(path, cache, tessera_server::chunks::DEFAULT_SETTLE_WINDOW).await
+}
+
+/// A server with stability window `settle`: shorter than a racing writer's pauses, so the
+/// readers are served between its writes and only the writer probe keeps them safe.
+async fn start_settling(path: &Path, cache: Option<PathBuf>, settle: Duration) -> TestServer {
     TestServer::start_with(vec![path.to_path_buf()], |c| {
         c.chunk_target = CHUNK;
+        c.settle_window = settle;
         if let Some(dir) = cache {
             c.cache_dir = dir;
         }
@@ -160,7 +167,7 @@ async fn single_pwrites_racing_readers_never_mix_versions() {
     let versions: Vec<Vec<u8>> = (1..=3).map(|seed| pattern(payload_len(), seed)).collect();
     write_npy(&path, "|u1", &SHAPE, &versions[0]);
     let offset = data_offset(&path);
-    let server = start(&path, None).await;
+    let server = start_settling(&path, None, Duration::from_millis(50)).await;
     let views: Vec<&[u8]> = versions.iter().map(|v| v.as_slice()).collect();
 
     // Each new version is written with one pwrite of the whole payload while two readers
