@@ -228,8 +228,26 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
         ),
         format!("  served by mmap:     {} chunk_locate", s.locates),
         format!("  served by socket:   {} do_get", s.do_gets),
+        format!(
+            "  unread replies:     {} held ({} connections closed for stalling)",
+            human_bytes(s.pinned_bytes),
+            s.stalled_connections_closed
+        ),
+        format!(
+            "  write failures:     {} ({} disk full)",
+            s.write_failures, s.disk_full_events
+        ),
     ];
     let mut out = lines.join("\n");
+    if let Some(ceiling) = s.disk_ceiling_bytes {
+        out.push_str(&format!(
+            "\n  disk full:          evicting down to {} instead of the budget",
+            human_bytes(ceiling)
+        ));
+    }
+    if let Some(paused) = &s.writes_paused {
+        out.push_str(&format!("\n  writes paused:      {paused}"));
+    }
     out.push('\n');
     out
 }
@@ -323,6 +341,12 @@ mod tests {
             budget_waits: 6,
             budget_overruns: 0,
             read_aheads: 7,
+            pinned_bytes: 2 << 20,
+            stalled_connections_closed: 1,
+            write_failures: 3,
+            disk_full_events: 2,
+            disk_ceiling_bytes: Some(1 << 30),
+            writes_paused: Some("disk full".to_string()),
             backend: tessera_proto::json::CacheBackend::File,
         };
         let text = format_stats("grpc://h:1", &stats);
@@ -338,6 +362,10 @@ mod tests {
             "served by mmap:     9 chunk_locate",
             "served by socket:   5 do_get",
             "waits on eviction:  6 (0 over budget)",
+            "unread replies:     2.0 MiB held (1 connections closed for stalling)",
+            "write failures:     3 (2 disk full)",
+            "disk full:          evicting down to 1.0 GiB instead of the budget",
+            "writes paused:      disk full",
         ] {
             assert!(text.contains(needle), "{needle:?} not in\n{text}");
         }

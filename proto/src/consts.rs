@@ -1,7 +1,7 @@
 //! Protocol constants shared by the server, the segment writer and the tests.
 //!
 //! Every value here is fixed by the `biopb==0.13.0` Python client (see
-//! `shared/reference/biopb-protocol.md`); changing one breaks that client.
+//! `docs/reference/biopb-protocol.md`); changing one breaks that client.
 
 /// Flight protocol version Tessera speaks. Sent as `protocol` in the `health`
 /// reply; the client accepts only 2 and 3 and refuses anything else.

@@ -60,6 +60,10 @@ pub struct Health {
     /// Address the server says it is reachable at; omitted when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_location: Option<String>,
+    /// Why the file cache is degraded (writes failing, served from memory); omitted while
+    /// it works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_degraded: Option<String>,
 }
 
 impl ActionBody for Health {
@@ -245,6 +249,28 @@ pub struct CacheStats {
     /// from servers without read-ahead.
     #[serde(default)]
     pub read_aheads: u64,
+    /// Bytes of chunk replies the peers have not read yet (evicted segments and memory-cache
+    /// chunks they still hold included). Absent (0) from servers without the ledger.
+    #[serde(default)]
+    pub pinned_bytes: u64,
+    /// Connections closed because their unread replies stalled past a cap or the stream idle
+    /// timeout.
+    #[serde(default)]
+    pub stalled_connections_closed: u64,
+    /// File cache appends that failed (each chunk is then served from memory).
+    #[serde(default)]
+    pub write_failures: u64,
+    /// Appends that failed because the cache's filesystem was full.
+    #[serde(default)]
+    pub disk_full_events: u64,
+    /// While the filesystem is full: the bytes the cache evicts down to instead of
+    /// `max_bytes`; absent when the whole budget fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_ceiling_bytes: Option<u64>,
+    /// While file cache writes are paused after failures: why, and when the next try is;
+    /// absent while writes succeed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_paused: Option<String>,
     /// Storage holding the cache.
     pub backend: CacheBackend,
 }

@@ -20,6 +20,7 @@ fn health(external_location: Option<String>) -> Health {
         server: "tessera".to_owned(),
         version: "0.1.0".to_owned(),
         external_location,
+        cache_degraded: None,
     }
 }
 
@@ -141,6 +142,12 @@ fn cache_stats_has_reference_and_tessera_keys() {
         budget_waits: 15,
         budget_overruns: 16,
         read_aheads: 17,
+        pinned_bytes: 18,
+        stalled_connections_closed: 19,
+        write_failures: 20,
+        disk_full_events: 21,
+        disk_ceiling_bytes: None,
+        writes_paused: None,
         backend: CacheBackend::File,
     };
     let value = as_json(&stats.to_body().unwrap());
@@ -168,6 +175,10 @@ fn cache_stats_has_reference_and_tessera_keys() {
         "budget_waits",
         "budget_overruns",
         "read_aheads",
+        "pinned_bytes",
+        "stalled_connections_closed",
+        "write_failures",
+        "disk_full_events",
         "backend",
     ];
     expected.sort_unstable();
@@ -178,6 +189,18 @@ fn cache_stats_has_reference_and_tessera_keys() {
     assert_eq!(
         CacheStats::from_body(&stats.to_body().unwrap()).unwrap(),
         stats
+    );
+    // A full disk adds the ceiling and the pause, and both survive the round trip.
+    let full = CacheStats {
+        disk_ceiling_bytes: Some(1 << 20),
+        writes_paused: Some("No space left on device".to_owned()),
+        ..stats
+    };
+    let value = as_json(&full.to_body().unwrap());
+    assert_eq!(value["disk_ceiling_bytes"], json!(1 << 20));
+    assert_eq!(
+        CacheStats::from_body(&full.to_body().unwrap()).unwrap(),
+        full
     );
     let memory = serde_json::to_value(CacheBackend::Memory).unwrap();
     assert_eq!(memory, json!("memory"));

@@ -349,7 +349,7 @@ impl Inner {
         self.touch(&entry.seg);
         self.index.insert(key.into(), entry.clone());
         let now = self.total_bytes.fetch_add(added, Ordering::Relaxed) + added;
-        if now > self.max_bytes {
+        if now > self.limit() {
             self.maintenance.wake();
         }
         location(&entry)

@@ -61,7 +61,8 @@ impl Inner {
     /// Admits an append of up to `bytes`, waiting while the cache would pass its budget by
     /// more than one segment (see the module docs).
     pub(crate) fn admit(&self, bytes: u64) -> Reservation<'_> {
-        let limit = self.max_bytes
+        let budget = self.limit();
+        let limit = budget
             + self
                 .segment_bytes
                 .saturating_sub(SEGMENT_OVERHEAD)
@@ -70,7 +71,7 @@ impl Inner {
         let mut deadline: Option<Instant> = None;
         loop {
             let held = self.total_bytes.load(Ordering::Relaxed) + *reserved;
-            if held <= self.max_bytes || held + bytes <= limit || self.check_writable().is_err() {
+            if held <= budget || held + bytes <= limit || self.check_writable().is_err() {
                 break;
             }
             let until = *deadline.get_or_insert_with(|| {

@@ -69,7 +69,9 @@ impl Inner {
             for active in jobs {
                 self.seal_now(active);
             }
-            if self.evict_to_budget() > 0 || sealed {
+            let evicted = self.evict_to_budget();
+            self.raise_ceiling();
+            if evicted > 0 || sealed {
                 self.save_recency();
             }
         }
@@ -98,7 +100,8 @@ impl Inner {
         }
     }
 
-    /// Evicts least recently used sealed segments until within budget; returns how many.
+    /// Evicts least recently used sealed segments until within budget (or the lower ceiling
+    /// of a full disk); returns how many.
     ///
     /// The victim is the least recently used *retired* segment. When that one is still
     /// waiting in the seal queue the pass stops: the pass after its seal goes on. Skipping
@@ -106,7 +109,7 @@ impl Inner {
     /// the old data's seal was slower (seen under load: the newest entry evicted first).
     pub(crate) fn evict_to_budget(&self) -> u64 {
         let mut evicted = 0;
-        while self.total_bytes.load(Ordering::Relaxed) > self.max_bytes {
+        while self.total_bytes.load(Ordering::Relaxed) > self.limit() {
             let oldest = self
                 .segments
                 .lock()

@@ -67,6 +67,8 @@
 //!   `DIR/recency`), never an open one; the budget is also enforced at open. Appends are
 //!   admitted against it: while the cache would pass its budget by more than one segment,
 //!   an append waits for eviction, so eviction cannot fall behind appends.
+//! * A full filesystem (ENOSPC, EDQUOT) lowers the budget to what the disk holds, less a
+//!   quarter, and eviction raises it again as free space returns (`diskfull`).
 //! * The store refuses a network filesystem ([`fsgate`]) unless explicitly allowed, and a
 //!   second open of the same directory ([`StoreError::Locked`]).
 
@@ -74,6 +76,7 @@ mod append;
 mod boot;
 mod budget;
 mod copy;
+mod diskfull;
 pub mod error;
 mod evict;
 #[doc(hidden)]

@@ -41,6 +41,7 @@ pub(crate) struct Counters {
     pub budget_overruns: AtomicU64,
     pub oversized: AtomicU64,
     pub unlinked_bytes: AtomicU64,
+    pub disk_full: AtomicU64,
 }
 
 /// State shared by the store handle and its maintenance thread.
@@ -48,6 +49,8 @@ pub(crate) struct Inner {
     pub dir: PathBuf,
     pub segdir: PathBuf,
     pub max_bytes: u64,
+    /// Lowered below `max_bytes` while the filesystem is full ([`crate::diskfull`]).
+    pub ceiling: AtomicU64,
     pub segment_bytes: u64,
     pub mode: u32,
     pub verify_on_read: bool,
@@ -201,6 +204,7 @@ impl Store {
             segdir: layout::segments_dir(&dir),
             dir,
             max_bytes: opts.max_bytes,
+            ceiling: AtomicU64::new(crate::diskfull::NO_CEILING),
             segment_bytes,
             mode: opts.file_mode,
             verify_on_read: opts.verify_on_read,
@@ -250,7 +254,11 @@ impl Store {
         meta: &EntryMeta,
         data: &[&[u8]],
     ) -> Result<Location, StoreError> {
-        self.inner.append(key, meta, data)
+        let appended = self.inner.append(key, meta, data);
+        if let Err(err) = &appended {
+            self.inner.note_append_error(err);
+        }
+        appended
     }
 
     /// Appends a chunk under `key` whose raw C-order bytes are `src`'s byte range, copied
@@ -267,8 +275,7 @@ impl Store {
         src: FileRange<'_>,
     ) -> Result<Location, StoreError> {
         match self
-            .inner
-            .append_from_file(key, meta, src, || Ok::<(), std::convert::Infallible>(()))?
+            .append_from_file_checked(key, meta, src, || Ok::<(), std::convert::Infallible>(()))?
         {
             Ok(location) => Ok(location),
             Err(never) => match never {},
@@ -288,7 +295,11 @@ impl Store {
         src: FileRange<'_>,
         check: impl FnOnce() -> Result<(), E>,
     ) -> Result<Result<Location, E>, StoreError> {
-        self.inner.append_from_file(key, meta, src, check)
+        let appended = self.inner.append_from_file(key, meta, src, check);
+        if let Err(err) = &appended {
+            self.inner.note_append_error(err);
+        }
+        appended
     }
 
     /// Whether `key` is stored. Unlike [`Store::locate`] it counts nothing and leaves the
@@ -377,10 +388,13 @@ impl Store {
             budget_overruns: c.budget_overruns.load(Ordering::Relaxed),
             unlinked_bytes: c.unlinked_bytes.load(Ordering::Relaxed),
             segments: inner.segments.lock().len() as u64,
+            disk_full_events: c.disk_full.load(Ordering::Relaxed),
+            disk_ceiling: inner.ceiling(),
         }
     }
 
-    /// The byte budget the store evicts down to.
+    /// The byte budget the store evicts down to (less while its filesystem is full: see
+    /// [`StoreStats::disk_ceiling`]).
     pub fn max_bytes(&self) -> u64 {
         self.inner.max_bytes
     }

@@ -82,4 +82,9 @@ pub struct StoreStats {
     pub unlinked_bytes: u64,
     /// Segment files in the directory (open and sealed).
     pub segments: u64,
+    /// Appends that failed because the filesystem was full (ENOSPC or EDQUOT).
+    pub disk_full_events: u64,
+    /// While the filesystem is full: the bytes the store evicts down to instead of its
+    /// budget. `None` when the whole budget fits.
+    pub disk_ceiling: Option<u64>,
 }

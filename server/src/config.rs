@@ -11,6 +11,9 @@
 //! settle_window = "1s"                   # sources touched this recently are waited for
 //! max_connections = 512                  # connections held at once; more are closed
 //! handshake_timeout = "10s"              # time a new connection has to start speaking
+//! max_pinned = "1GiB"                    # bytes unread replies may hold, all peers
+//! max_pinned_per_connection = "512MiB"   # bytes unread replies may hold, one connection
+//! stream_idle_timeout = "60s"            # a reply idle this long closes its connection
 //!
 //! [cache]
 //! kind = "file"                          # or "memory"
@@ -42,14 +45,15 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
+use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
+use crate::pins::PinLimits;
+use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
+use crate::source::watch::DEFAULT_WATCH_INTERVAL;
 
 /// Default cap on connections held at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default time a new connection has to send its first bytes.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
-use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
-use crate::source::watch::DEFAULT_WATCH_INTERVAL;
 
 pub mod effective;
 
@@ -156,6 +160,12 @@ pub struct ConfigFile {
     pub max_connections: Option<usize>,
     /// Handshake timeout, as a duration string.
     pub handshake_timeout: Option<String>,
+    /// Cap on bytes held by unread replies of all connections, as a size string.
+    pub max_pinned: Option<String>,
+    /// Cap on bytes held by unread replies of one connection, as a size string.
+    pub max_pinned_per_connection: Option<String>,
+    /// Time a reply may make no progress, as a duration string.
+    pub stream_idle_timeout: Option<String>,
     /// Cache settings.
     pub cache: Option<CacheFile>,
     /// TLS settings.
@@ -245,6 +255,18 @@ pub struct ServeArgs {
     /// before it is closed [default: 10s].
     #[arg(long, env = "TESSERA_HANDSHAKE_TIMEOUT", value_name = "DURATION")]
     pub handshake_timeout: Option<String>,
+    /// Bytes that chunk replies not yet read by their peers may hold, over all connections;
+    /// past it the connections whose replies stalled longest are closed [default: 1GiB].
+    #[arg(long, env = "TESSERA_MAX_PINNED", value_name = "SIZE")]
+    pub max_pinned: Option<String>,
+    /// Bytes that unread chunk replies of one connection may hold; past it the connection is
+    /// closed once one of its replies stalls [default: 512MiB].
+    #[arg(long, env = "TESSERA_MAX_PINNED_PER_CONNECTION", value_name = "SIZE")]
+    pub max_pinned_per_connection: Option<String>,
+    /// A chunk reply whose peer takes none of it for this long has its connection closed
+    /// [default: 60s].
+    #[arg(long, env = "TESSERA_STREAM_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub stream_idle_timeout: Option<String>,
     /// TOML config file; flags and environment override it.
     #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -299,6 +321,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// Time a new connection has to start speaking (see `--handshake-timeout`).
     pub handshake_timeout: Duration,
+    /// Caps on bytes held by unread replies (see `--max-pinned`).
+    pub pins: PinLimits,
     /// TLS certificate chain and key (PEM files), if the server speaks TLS.
     pub tls: Option<TlsPaths>,
     /// Cache files readable by the server's group (0640) rather than its user only (0600).
@@ -341,6 +365,7 @@ impl ServeConfig {
             settle_window: DEFAULT_SETTLE_WINDOW,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            pins: PinLimits::default(),
             tls: None,
             cache_group_readable: false,
             source_options: BTreeMap::new(),
@@ -442,6 +467,29 @@ impl ServeConfig {
                 "max_connections 0 would refuse every client; use at least 1".to_string(),
             ));
         }
+        let defaults = PinLimits::default();
+        let pins = PinLimits {
+            max_bytes: match args.max_pinned.or(file.max_pinned) {
+                Some(s) => parse_size(&s)?,
+                None => defaults.max_bytes,
+            },
+            max_connection_bytes: match args
+                .max_pinned_per_connection
+                .or(file.max_pinned_per_connection)
+            {
+                Some(s) => parse_size(&s)?,
+                None => defaults.max_connection_bytes,
+            },
+            stream_idle_timeout: match args.stream_idle_timeout.or(file.stream_idle_timeout) {
+                Some(s) => parse_duration(&s)?,
+                None => defaults.stream_idle_timeout,
+            },
+        };
+        if pins.stream_idle_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "stream_idle_timeout 0 would close every connection with a reply in flight; use at least 1s".to_string(),
+            ));
+        }
         let cache_max_bytes = match args.cache_max_bytes.or(cache_file.max_bytes) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
@@ -464,6 +512,7 @@ impl ServeConfig {
             settle_window,
             max_connections,
             handshake_timeout,
+            pins,
             tls,
             cache_group_readable: args.cache_group_readable
                 || cache_file.group_readable.unwrap_or(false),

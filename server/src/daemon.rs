@@ -122,7 +122,8 @@ impl Daemon {
             .with_read_ahead(config.read_ahead_bytes)
             .with_settle_window(config.settle_window);
         let chunks = Arc::new(chunks);
-        let state = Arc::new(ServiceState::new(registry, options, chunks));
+        let state =
+            Arc::new(ServiceState::new(registry, options, chunks).with_pin_limits(config.pins));
         state.scan_status().finish();
         let metrics = match config.metrics_listen {
             Some(addr) => Some(
@@ -183,12 +184,10 @@ impl Daemon {
         let service = InterceptedService::new(service, move |req| tonic_check.check(req));
         // Chunk DoGets bypass tonic's encoder (one copy of the chunk fewer); the same token
         // check and request limit apply on both routes.
-        let service = Metered::new(ChunkGet::new(
-            service,
-            self.state.clone(),
-            check,
-            MAX_DECODE_BYTES,
-        ));
+        let service = Metered::new(
+            ChunkGet::new(service, self.state.clone(), check, MAX_DECODE_BYTES)
+                .with_pins(self.state.pins().clone()),
+        );
         let mut side_tasks = Vec::new();
         if let Some(metrics) = self.metrics {
             if let Ok(at) = metrics.local_addr() {
@@ -196,6 +195,7 @@ impl Daemon {
             }
             side_tasks.push(tokio::spawn(metrics.run(self.state.clone())));
         }
+        side_tasks.push(tokio::spawn(self.state.pins().clone().run_reaper()));
         if let Some(watcher) = self.watcher {
             side_tasks.push(tokio::spawn(watcher.run(self.state.clone())));
         }
@@ -222,7 +222,10 @@ impl Daemon {
             .initial_connection_window_size(32 << 20)
             .max_frame_size(1 << 20)
             .add_service(service)
-            .serve_with_incoming_shutdown(incoming(self.listener, self.admission), signal);
+            .serve_with_incoming_shutdown(
+                incoming(self.listener, self.admission, self.state.pins().clone()),
+                signal,
+            );
         tokio::pin!(server);
         let grace = async {
             if stopping_rx.await.is_ok() {

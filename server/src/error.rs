@@ -1,7 +1,7 @@
 //! The one error type of the Flight service and its exhaustive mapping to gRPC status.
 //!
 //! Python clients turn gRPC codes into exception classes (see
-//! `shared/reference/biopb-protocol.md` §6): only UNKNOWN, UNAVAILABLE,
+//! `docs/reference/biopb-protocol.md` §6): only UNKNOWN, UNAVAILABLE,
 //! UNAUTHENTICATED and INTERNAL become `flight.FlightError` subclasses that the
 //! biopb client's recovery paths catch. So NOT_FOUND and INVALID_ARGUMENT never
 //! travel as bare codes: they ride inside Arrow's `x-arrow-status*` trailers as

@@ -7,7 +7,8 @@
 //! * [`chunks`] decodes chunks once and keeps them in the segment store (or RAM).
 //! * [`flight`] is the Arrow Flight service speaking the biopb tensor protocol.
 //! * [`catalog`] answers SQL over the `sources` and `tensors` tables (DataFusion).
-//! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate.
+//! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate;
+//!   [`listener`] admits connections and [`pins`] closes those whose unread replies stall.
 //! * [`metrics`] exports Prometheus metrics; [`warm`] fills a server's cache ahead of readers.
 
 pub mod catalog;
@@ -20,6 +21,7 @@ pub mod flight;
 pub mod grid;
 pub mod listener;
 pub mod metrics;
+pub mod pins;
 pub mod source;
 pub mod tls;
 pub mod warm;

@@ -1,6 +1,8 @@
 //! The accept loop: admits at most a configured number of connections, drops peers that do
 //! not start speaking within the handshake timeout, and backs off instead of spinning when
-//! the process runs out of descriptors.
+//! the process runs out of descriptors. Each connection is registered with the ledger of
+//! unread replies ([`crate::pins`]), which can close it: its reads and writes then fail and
+//! hyper drops it with every stream on it.
 //!
 //! Without it an idle TCP connection that never sends the HTTP/2 preface was held forever,
 //! and with the descriptor limit reached tonic's loop retried `accept` at once, at 100 % CPU,
@@ -21,6 +23,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::metrics::Counted;
+use crate::pins::{Connection, Pins};
 
 /// Bytes a client sends first on a plain HTTP/2 connection (the connection preface); a TLS
 /// client's hello is longer. A connection counts as started once this many bytes arrived.
@@ -45,11 +48,12 @@ pub struct Admission {
 pub fn incoming(
     listener: TcpListener,
     admission: Admission,
+    pins: Arc<Pins>,
 ) -> impl Stream<Item = Result<Admitted, io::Error>> {
     let slots = Arc::new(Semaphore::new(admission.max_connections.max(1)));
     futures::stream::unfold(
-        (listener, slots, BACKOFF_START, 0u64),
-        move |(listener, slots, mut backoff, mut turned_away)| async move {
+        (listener, slots, pins, BACKOFF_START, 0u64),
+        move |(listener, slots, pins, mut backoff, mut turned_away)| async move {
             loop {
                 let stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
@@ -81,8 +85,10 @@ pub fn incoming(
                 if let Err(e) = stream.set_nodelay(true) {
                     tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
                 }
+                let connection = pins.connect(stream.peer_addr().ok());
                 let admitted = Admitted {
                     stream,
+                    connection,
                     _counted: Counted::new(),
                     _slot: permit,
                     handshake: Some(Box::pin(tokio::time::sleep_until(
@@ -90,7 +96,7 @@ pub fn incoming(
                     ))),
                     received: 0,
                 };
-                return Some((Ok(admitted), (listener, slots, backoff, turned_away)));
+                return Some((Ok(admitted), (listener, slots, pins, backoff, turned_away)));
             }
         },
     )
@@ -108,6 +114,7 @@ fn out_of_resources(err: &io::Error) -> bool {
 /// handshake timeout passes before the peer sent its first bytes.
 pub struct Admitted {
     stream: TcpStream,
+    connection: Arc<Connection>,
     _counted: Counted,
     _slot: OwnedSemaphorePermit,
     /// Running until the first bytes arrived; `None` after.
@@ -115,12 +122,33 @@ pub struct Admitted {
     received: usize,
 }
 
+/// What tonic puts in each request's extensions: the TCP addresses and the connection's
+/// entry in the ledger of unread replies.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// Local and remote addresses.
+    pub tcp: TcpConnectInfo,
+    /// The connection's ledger entry.
+    pub connection: Arc<Connection>,
+}
+
 impl Connected for Admitted {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = Peer;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        Peer {
+            tcp: self.stream.connect_info(),
+            connection: Arc::clone(&self.connection),
+        }
     }
+}
+
+/// The error a closed connection's I/O fails with.
+fn closed_by_server() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed by the server: its replies stalled (see the server log)",
+    )
 }
 
 impl AsyncRead for Admitted {
@@ -129,6 +157,10 @@ impl AsyncRead for Admitted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        self.connection.register_reader(cx.waker());
+        if self.connection.is_closing() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         let this = &mut *self;
@@ -153,6 +185,10 @@ impl AsyncWrite for Admitted {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.connection.register_writer(cx.waker());
+        if self.connection.is_closing() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
@@ -161,6 +197,10 @@ impl AsyncWrite for Admitted {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.connection.register_writer(cx.waker());
+        if self.connection.is_closing() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 

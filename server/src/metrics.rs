@@ -261,9 +261,46 @@ fn render_cache(out: &mut String, state: &ServiceState) {
             "Chunks queued for decoding ahead of a sequential reader.",
             stats.read_aheads,
         ),
+        (
+            "write_failures",
+            "Cache appends that failed (the chunk was served from memory).",
+            stats.write_failures,
+        ),
+        (
+            "disk_full",
+            "Cache appends that failed because the filesystem was full.",
+            stats.disk_full_events,
+        ),
     ] {
         counter(out, &format!("tessera_cache_{name}_total"), help, value);
     }
+    gauge(
+        out,
+        "tessera_cache_writes_paused",
+        "1 while cache appends are paused after failures (chunks served from memory).",
+        u8::from(stats.writes_paused.is_some()),
+    );
+    if let Some(ceiling) = stats.disk_ceiling_bytes {
+        gauge(
+            out,
+            "tessera_cache_disk_ceiling_bytes",
+            "Bytes the cache evicts down to while its filesystem is full.",
+            ceiling,
+        );
+    }
+    let pins = state.pins().stats();
+    gauge(
+        out,
+        "tessera_pinned_bytes",
+        "Bytes of chunk replies their peers have not read yet.",
+        pins.held_bytes,
+    );
+    counter(
+        out,
+        "tessera_stalled_connections_closed_total",
+        "Connections closed because their unread replies stalled.",
+        pins.closed_connections,
+    );
     gauge(
         out,
         "tessera_cache_bytes",

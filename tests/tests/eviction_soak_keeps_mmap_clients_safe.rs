@@ -23,9 +23,9 @@ const SEGMENT: u64 = BUDGET / 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constant_eviction_under_mmap_readers() {
     let Some(python) = have_python_venv() else {
-        eprintln!(
-            "SKIPPED eviction soak: no Python venv with biopb, numpy and pyarrow (run ./run-tests \
-             once, or set TESSERA_PYTHON)"
+        skip_unless_ci(
+            "eviction soak: no Python venv with biopb, numpy and pyarrow (run ./run-tests \
+             once, or set TESSERA_PYTHON)",
         );
         return;
     };

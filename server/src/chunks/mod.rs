@@ -29,17 +29,19 @@
 //! ([`readahead`]), through the same single flight and decode permits.
 //!
 //! When an append fails (disk full, I/O error) the chunk is still served over
-//! `do_get` from memory, the failure is logged once, and caching resumes on the
-//! next append that succeeds.
+//! `do_get` from memory, the failure is logged once, and appends pause for a doubling
+//! backoff before the next try ([`writes`]); a full disk also makes the store evict below
+//! its budget, so the try after the pause finds room.
 
 mod buffers;
 mod memory;
 mod readahead;
 mod single_flight;
+mod writes;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -55,6 +57,7 @@ use crate::source::registry::Tensor;
 use buffers::BufferPool;
 pub use memory::MemoryCache;
 use single_flight::SingleFlight;
+use writes::Writes;
 
 /// One chunk as Arrow Flight sends it: the IPC message header (flatbuffer) and body.
 #[derive(Clone, Debug)]
@@ -124,7 +127,7 @@ pub struct ChunkService {
     /// Keys queued for decoding ahead and not finished yet.
     queued_ahead: parking_lot::Mutex<HashSet<Vec<u8>>>,
     schema_header: Bytes,
-    write_failing: AtomicBool,
+    writes: Writes,
     memory_hits: AtomicU64,
     memory_misses: AtomicU64,
     pending_waits: AtomicU64,
@@ -157,7 +160,7 @@ impl ChunkService {
             settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
             schema_header,
-            write_failing: AtomicBool::new(false),
+            writes: Writes::default(),
             memory_hits: AtomicU64::new(0),
             memory_misses: AtomicU64::new(0),
             pending_waits: AtomicU64::new(0),
@@ -260,7 +263,7 @@ impl ChunkService {
         let Backend::File(store) = &self.backend else {
             return;
         };
-        if self.write_failing.load(Ordering::Relaxed) {
+        if self.writes.failing() {
             return;
         }
         let window = readahead::window_chunks(
@@ -394,8 +397,9 @@ impl ChunkService {
             tensor.file.check_unchanged()?;
             tensor.file.check_no_writer()
         };
-        let mut try_append = true;
+        let mut try_append = self.writes.should_try();
         if let Backend::File(store) = &self.backend
+            && try_append
             && nbytes < SPLICE_BELOW_BYTES
             && let Some(src) = source_range(tensor, id)
         {
@@ -454,16 +458,17 @@ impl ChunkService {
 
     /// An append succeeded: logs the recovery after failures.
     fn note_append_ok(&self) {
-        if self.write_failing.swap(false, Ordering::Relaxed) {
-            tracing::info!("segment store accepts writes again; chunk caching resumed");
-        }
+        self.writes.succeeded();
     }
 
-    /// An append failed: logs it once per run of failures (chunks are served from memory).
+    /// An append failed: pauses appends for a backoff (chunks are served from memory).
     fn note_append_failed(&self, err: &StoreError) {
-        if !self.write_failing.swap(true, Ordering::Relaxed) {
-            tracing::error!(error = %err, "segment store write failed; serving chunks from memory over do_get until it recovers");
-        }
+        self.writes.failed(err);
+    }
+
+    /// While file cache writes fail: what failed and when they are tried next.
+    pub fn writes_paused(&self) -> Option<String> {
+        self.writes.paused()
     }
 
     /// Counters for the `cache_stats` action.
@@ -497,6 +502,12 @@ impl ChunkService {
                     budget_waits: s.budget_waits,
                     budget_overruns: s.budget_overruns,
                     read_aheads,
+                    pinned_bytes: 0,
+                    stalled_connections_closed: 0,
+                    write_failures: self.writes.failures(),
+                    disk_full_events: s.disk_full_events,
+                    disk_ceiling_bytes: s.disk_ceiling,
+                    writes_paused: self.writes.paused(),
                 }
             }
             Backend::Memory { .. } => CacheStats {
@@ -518,6 +529,12 @@ impl ChunkService {
                 budget_waits: 0,
                 budget_overruns: 0,
                 read_aheads,
+                pinned_bytes: 0,
+                stalled_connections_closed: 0,
+                write_failures: 0,
+                disk_full_events: 0,
+                disk_ceiling_bytes: None,
+                writes_paused: None,
             },
         }
     }

@@ -62,6 +62,18 @@ pub fn render(config: &ServeConfig) -> String {
         "handshake_timeout".into(),
         Value::String(duration_string(config.handshake_timeout)),
     );
+    top.insert(
+        "max_pinned".into(),
+        Value::String(size_string(config.pins.max_bytes)),
+    );
+    top.insert(
+        "max_pinned_per_connection".into(),
+        Value::String(size_string(config.pins.max_connection_bytes)),
+    );
+    top.insert(
+        "stream_idle_timeout".into(),
+        Value::String(duration_string(config.pins.stream_idle_timeout)),
+    );
     top.insert("watch".into(), Value::Boolean(config.watch));
     top.insert(
         "watch_interval".into(),

@@ -41,9 +41,18 @@ pub async fn run(state: &ServiceState, kind: &str, body: &[u8]) -> ServiceResult
     match kind {
         ACTION_HEALTH => json(&health(state)),
         ACTION_CHUNK_LOCATE => json(&chunk_locate(state, body).await?),
-        ACTION_CACHE_STATS => json(&state.chunks.stats()),
+        ACTION_CACHE_STATS => json(&cache_stats(state)),
         other => Err(ServiceError::UnknownAction(other.to_string())),
     }
+}
+
+/// The chunk cache's counters and what unread replies hold.
+fn cache_stats(state: &ServiceState) -> tessera_proto::json::CacheStats {
+    let pins = state.pins().stats();
+    let mut stats = state.chunks.stats();
+    stats.pinned_bytes = pins.held_bytes;
+    stats.stalled_connections_closed = pins.closed_connections;
+    stats
 }
 
 fn health(state: &ServiceState) -> Health {
@@ -59,6 +68,7 @@ fn health(state: &ServiceState) -> Health {
         server: SERVER_NAME.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         external_location: None,
+        cache_degraded: state.chunks.writes_paused(),
     }
 }
 

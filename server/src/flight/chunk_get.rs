@@ -8,7 +8,10 @@
 //! chunk's body, a slice of the segment's mapping (or of the memory cache). h2 writes large
 //! data frames straight from those `Bytes`, so the chunk goes from the page cache to the
 //! socket with no copy in user space, and a client that stops reading pins mapped pages, not
-//! server memory. Every other call, and DoGet of a catalog ticket, goes to the tonic
+//! server memory. The chunk's body goes out in pieces of 1 MiB, each a slice of the same
+//! bytes that keeps the reply registered in the ledger of unread replies ([`crate::pins`])
+//! while h2 still queues it, so a peer that stops reading is seen and its connection closed.
+//! Every other call, and DoGet of a catalog ticket, goes to the tonic
 //! service unchanged. The bytes on the wire are exactly those tonic would send (pinned by
 //! the tests below against prost's encoding).
 //!
@@ -46,6 +49,8 @@ use tonic::{Extensions, Status};
 use super::ServiceState;
 use super::auth::TokenCheck;
 use crate::chunks::EncodedChunk;
+use crate::listener::Peer;
+use crate::pins::{Hold, Pins};
 
 /// The HTTP path of Flight's DoGet.
 const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
@@ -64,6 +69,7 @@ pub struct ChunkGet<S> {
     state: Arc<ServiceState>,
     check: TokenCheck,
     max_request_bytes: usize,
+    pins: Option<Arc<Pins>>,
 }
 
 impl<S> ChunkGet<S> {
@@ -81,7 +87,15 @@ impl<S> ChunkGet<S> {
             state,
             check,
             max_request_bytes,
+            pins: None,
         }
+    }
+
+    /// Registers every chunk reply on a connection of the accept loop with `pins` while the
+    /// peer has not read it (replies are not tracked without).
+    pub fn with_pins(mut self, pins: Arc<Pins>) -> Self {
+        self.pins = Some(pins);
+        self
     }
 }
 
@@ -118,8 +132,9 @@ where
         let state = Arc::clone(&self.state);
         let check = self.check.clone();
         let limit = self.max_request_bytes;
+        let pins = self.pins.clone();
         Box::pin(async move {
-            match route(&state, &check, limit, request).await {
+            match route(&state, &check, limit, pins, request).await {
                 Routed::Answer(response) => Ok(response),
                 Routed::Forward(request) => Ok(inner.call(request).await?.map(Body::new)),
             }
@@ -139,9 +154,14 @@ async fn route(
     state: &ServiceState,
     check: &TokenCheck,
     limit: usize,
+    pins: Option<Arc<Pins>>,
     request: http::Request<Body>,
 ) -> Routed {
     let (parts, body) = request.into_parts();
+    let connection = parts
+        .extensions
+        .get::<Peer>()
+        .map(|peer| Arc::clone(&peer.connection));
     let metadata = MetadataMap::from_headers(parts.headers.clone());
     if let Err(status) = check.check(tonic::Request::from_parts(metadata, Extensions::new(), ())) {
         return Routed::Answer(status.into_http());
@@ -166,7 +186,12 @@ async fn route(
         }
     };
     match state.encoded_chunk(&chunk_id).await {
-        Ok(chunk) => Routed::Answer(chunk_response(state.chunks().schema_header(), chunk)),
+        Ok(chunk) => {
+            let hold = pins
+                .zip(connection)
+                .map(|(pins, connection)| pins.hold(&connection, chunk.body.len() as u64));
+            Routed::Answer(chunk_response(state.chunks().schema_header(), chunk, hold))
+        }
         Err(e) => Routed::Answer(Status::from(e).into_http()),
     }
 }
@@ -213,7 +238,12 @@ fn single_message(bytes: &[u8]) -> Result<&[u8], Status> {
 }
 
 /// The reply: the schema message, then the chunk's record batch message, then status OK.
-fn chunk_response(schema_header: Bytes, chunk: EncodedChunk) -> http::Response<Body> {
+/// With a `hold`, the body goes out in pieces that keep it registered.
+fn chunk_response(
+    schema_header: Bytes,
+    chunk: EncodedChunk,
+    hold: Option<Arc<Hold>>,
+) -> http::Response<Body> {
     let schema = FlightData::new().with_data_header(schema_header);
     let mut first = BytesMut::with_capacity(GRPC_PREFIX + schema.encoded_len());
     put_prefix(&mut first, schema.encoded_len());
@@ -221,12 +251,15 @@ fn chunk_response(schema_header: Bytes, chunk: EncodedChunk) -> http::Response<B
     schema.encode_raw(&mut first);
     let batch_prefix = batch_prefix(&chunk.header, chunk.body.len());
     let mut frames = vec![first.freeze(), batch_prefix];
-    if !chunk.body.is_empty() {
-        frames.push(chunk.body);
+    match &hold {
+        Some(hold) => frames.extend(hold.pieces(&chunk.body)),
+        None if !chunk.body.is_empty() => frames.push(chunk.body),
+        None => {}
     }
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-    let mut response = http::Response::new(Body::new(Frames::new(frames, Some(trailers))));
+    let body = Frames::new(frames, Some(trailers)).with_hold(hold);
+    let mut response = http::Response::new(Body::new(body));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -276,6 +309,8 @@ fn put_prefix(out: &mut BytesMut, message_len: usize) {
 struct Frames {
     data: VecDeque<Bytes>,
     trailers: Option<http::HeaderMap>,
+    /// The reply's registration: each frame asked for is progress.
+    hold: Option<Arc<Hold>>,
 }
 
 impl Frames {
@@ -283,7 +318,13 @@ impl Frames {
         Self {
             data: data.into(),
             trailers,
+            hold: None,
         }
+    }
+
+    fn with_hold(mut self, hold: Option<Arc<Hold>>) -> Self {
+        self.hold = hold;
+        self
     }
 }
 
@@ -296,6 +337,9 @@ impl HttpBody for Frames {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
+        if let Some(hold) = &this.hold {
+            hold.progress();
+        }
         if let Some(data) = this.data.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }

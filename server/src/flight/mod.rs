@@ -43,6 +43,7 @@ use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunk_id::{ChunkId, MAX_ARRAY_ID_BYTES};
 use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
+use crate::pins::{PinLimits, Pins};
 use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
 use crate::source::watch::ScanStatus;
 
@@ -57,6 +58,7 @@ pub struct ServiceState {
     started: Instant,
     scan: ScanStatus,
     catalog: Catalog,
+    pins: Arc<Pins>,
 }
 
 impl ServiceState {
@@ -69,7 +71,19 @@ impl ServiceState {
             started: Instant::now(),
             scan: ScanStatus::default(),
             catalog: Catalog::new(CatalogLimits::default()),
+            pins: Pins::new(PinLimits::default()),
         }
+    }
+
+    /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).
+    pub fn with_pin_limits(mut self, limits: PinLimits) -> Self {
+        self.pins = Pins::new(limits);
+        self
+    }
+
+    /// The ledger of bytes held by unread chunk replies.
+    pub fn pins(&self) -> &Arc<Pins> {
+        &self.pins
     }
 
     /// Whether the sources are being rescanned and when the last scan finished.
