@@ -270,6 +270,22 @@ impl Client {
         })
     }
 
+    /// Calls `chunk_locate` for `chunk`: the server decodes it into its file cache first if it
+    /// is cold, and answers where it lives, or why it cannot say (memory cache, refused
+    /// append). What `tessera warm` fills a server's cache with.
+    pub async fn locate(&self, chunk: &PlannedChunk) -> Result<ChunkLocateReply, ClientError> {
+        let reply_error = |reason: String| ClientError::ActionReply {
+            action: ACTION_CHUNK_LOCATE.to_string(),
+            reason,
+        };
+        let body = self
+            .action(ACTION_CHUNK_LOCATE, chunk.ticket.clone())
+            .await
+            .map_err(|s| ClientError::rpc(format!("chunk_locate of chunk {}", chunk.bounds), s))?
+            .ok_or_else(|| reply_error("the reply stream was empty".to_string()))?;
+        ChunkLocateReply::from_body(&body).map_err(|e| reply_error(e.to_string()))
+    }
+
     async fn flight_info(
         &self,
         array_id: &str,

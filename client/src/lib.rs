@@ -27,7 +27,6 @@
 mod assemble;
 mod cache;
 mod chunk;
-mod cli;
 mod client;
 mod dtype;
 mod error;
@@ -42,7 +41,6 @@ mod plan;
 mod region;
 
 pub use chunk::{ChunkOrigin, ChunkView};
-pub use cli::{Credentials, GetSummary, cli_get, cli_ls, cli_stats, human_bytes};
 pub use client::{
     ArrayData, Client, H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES,
     LocalStats, MAX_MESSAGE_BYTES, TensorInfo,
@@ -53,8 +51,8 @@ pub use health::{SUPPORTED_PROTOCOLS, ServerHealth};
 pub use npy::{npy_header, write_npy};
 pub use options::{
     ClientOptions, DEFAULT_CONCURRENCY, DEFAULT_COPY_CACHE_BYTES, ENV_BIOPB_CACHEFILE_DISABLED,
-    ENV_MMAP, ENV_PIN_LIMIT, parse_size,
+    ENV_MMAP, ENV_PIN_LIMIT,
 };
 pub use plan::{Plan, PlannedChunk, check_tiling};
 pub use region::{Region, parse_region};
-pub use tessera_proto::json::CacheStats;
+pub use tessera_proto::json::{CacheStats, ChunkLocateReply};

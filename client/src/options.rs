@@ -1,5 +1,7 @@
 //! Client settings and the environment variables that set their defaults.
 
+use tessera_proto::units::parse_size;
+
 /// Disables the mmap fast path when set to `0`, `false` or `no`.
 pub const ENV_MMAP: &str = "TESSERA_MMAP";
 /// biopb's switch: `1`, `true` or `yes` disables the mmap fast path too.
@@ -115,48 +117,9 @@ fn mmap_enabled_by_env(tessera_mmap: Option<&str>, biopb_disabled: Option<&str>)
     !(tessera_mmap.is_some_and(falsy) || biopb_disabled.is_some_and(truthy))
 }
 
-/// Parses a size such as `16GiB`, `512 MiB`, `64KiB`, `2GB`, `1.5GiB` or a
-/// plain byte count. Returns `None` for anything else, including negatives.
-pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        "t" | "tb" => 1_000_000_000_000,
-        "tib" => 1 << 40,
-        _ => return None,
-    };
-    let bytes = number * multiplier as f64;
-    (bytes.is_finite() && bytes >= 0.0 && bytes <= u64::MAX as f64).then_some(bytes as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_like_biopb() {
-        assert_eq!(parse_size("16GiB"), Some(16 << 30));
-        assert_eq!(parse_size("512 MiB"), Some(512 << 20));
-        assert_eq!(parse_size("64kib"), Some(64 << 10));
-        assert_eq!(parse_size("2GB"), Some(2_000_000_000));
-        assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
-        assert_eq!(parse_size("12345"), Some(12345));
-        assert_eq!(parse_size("0"), Some(0));
-        assert_eq!(parse_size("-1"), None);
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size("5 parsecs"), None);
-    }
 
     #[test]
     fn env_switches_turn_mmap_off() {

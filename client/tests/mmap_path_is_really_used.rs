@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Server, npy_fixture, options};
-use tessera_client::{ChunkOrigin, Client, Credentials, cli_get};
+use tessera_client::{ChunkOrigin, Client, ClientOptions, write_npy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mmap_path_is_really_used_and_no_mmap_really_is_not() {
@@ -40,11 +40,14 @@ async fn mmap_path_is_really_used_and_no_mmap_really_is_not() {
     assert_eq!(server_stats.do_gets, 0, "{server_stats:?}");
 
     let out = dir.path().join("out.npy");
-    let summary = cli_get(&server.url, "img", None, &out, true, Credentials::default())
+    let socket_only = Client::connect(&server.url, ClientOptions::default().with_mmap(false))
         .await
         .unwrap();
-    assert_eq!(summary.socket_chunks, chunks);
-    assert_eq!(summary.mapped_chunks + summary.mapped_copies, 0);
+    let array = socket_only.read("img", None).await.unwrap();
+    write_npy(&out, &array.dtype, &array.shape, &array.bytes).unwrap();
+    let local = socket_only.local_stats();
+    assert_eq!(local.socket_chunks, chunks);
+    assert_eq!(local.mapped_chunks + local.mapped_copies, 0);
     let written = std::fs::read(&out).unwrap();
     assert!(written.ends_with(&data));
     assert_eq!(

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Server, npy_fixture, options};
-use tessera_client::{Client, Credentials, cli_ls, cli_stats};
+use tessera_client::Client;
 
 const TOKEN: &str = "client-test-token-0123456789";
 
@@ -34,17 +34,21 @@ async fn token_is_sent_on_every_call() {
             );
         }
     }
-    let creds = Credentials {
-        token: Some(TOKEN),
-        tls_ca: None,
-    };
-    let listing = cli_ls(&server.url, creds).await.unwrap();
+    let client = Client::connect(&server.url, options(false).with_token(TOKEN))
+        .await
+        .unwrap();
+    let listing = client.list().await.unwrap();
     assert!(
-        listing.contains("img") && listing.contains("(128, 300)") && listing.contains("<i2"),
-        "{listing}"
+        listing
+            .iter()
+            .any(|t| t.array_id == "img" && t.shape == [128, 300] && t.dtype == "<i2"),
+        "ListFlights carried the token: {listing:?}"
     );
-    let stats = cli_stats(&server.url, creds).await.unwrap();
-    assert!(stats.contains("served by mmap:"), "{stats}");
+    let stats = client.cache_stats().await.unwrap();
+    assert!(
+        stats.locates > 0,
+        "cache_stats carried the token: {stats:?}"
+    );
 
     let refused = match Client::connect(&server.url, options(false)).await {
         Err(e) => e.to_string(),

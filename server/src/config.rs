@@ -567,30 +567,14 @@ fn file_sources(
     Ok((paths, options))
 }
 
-/// Parses `2s`, `500ms`, `1.5s`, `1m`, or a bare number of seconds; zero is refused.
+/// Parses `2s`, `500ms`, `1.5s`, `1m`, or a bare number of seconds; zero is refused
+/// ([`tessera_proto::units::parse_duration`]).
 pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
-    let bad = || {
+    tessera_proto::units::parse_duration(text).ok_or_else(|| {
         ConfigError::Invalid(format!(
             "duration '{text}' is not understood: use e.g. 2s, 500ms, 1m"
         ))
-    };
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(bad()),
-    };
-    Duration::try_from_secs_f64(seconds)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(bad)
+    })
 }
 
 /// `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`, else a folder in the temp dir.
@@ -605,9 +589,9 @@ pub fn default_cache_dir() -> PathBuf {
 }
 
 /// Parses `123`, `64MiB`, `4GiB`, `500MB`, `1.5GiB` (binary and decimal units,
-/// case-insensitive): the client's parser, so the CLI and the server read sizes alike.
+/// case-insensitive): [`tessera_proto::units::parse_size`], which the client reads sizes with.
 pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
-    tessera_client::parse_size(text).ok_or_else(|| ConfigError::Size(text.to_string()))
+    tessera_proto::units::parse_size(text).ok_or_else(|| ConfigError::Size(text.to_string()))
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@
 //! * [`catalog`] answers SQL over the `sources` and `tensors` tables (DataFusion).
 //! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate;
 //!   [`listener`] admits connections and [`pins`] closes those whose unread replies stall.
-//! * [`metrics`] exports Prometheus metrics; [`warm`] fills a server's cache ahead of readers.
+//! * [`metrics`] exports Prometheus metrics.
+//!
+//! The `tessera` binary (crate `tessera-cli`) runs the daemon and the tools around it.
 
 pub mod catalog;
 pub mod chunk_id;
@@ -24,4 +26,3 @@ pub mod metrics;
 pub mod pins;
 pub mod source;
 pub mod tls;
-pub mod warm;

@@ -21,7 +21,7 @@ LISTENING = re.compile(r"listening on (grpcs?://[0-9.:]+)")
 def tessera_bin() -> str:
     path = os.environ.get("TESSERA_BIN") or str(ROOT / "target" / "debug" / "tessera")
     if not os.path.exists(path):
-        pytest.fail(f"server binary {path} is missing: run `cargo build -p tessera-server` first")
+        pytest.fail(f"server binary {path} is missing: run `cargo build -p tessera-cli` first")
     return path
 
 

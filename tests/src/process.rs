@@ -2,7 +2,7 @@
 //! same cache directory, or measure its memory from /proc.
 //!
 //! The binary is `$TESSERA_BIN` when set, else `target/debug/tessera` of this workspace, which
-//! is (re)built once per test process with `cargo build -p tessera-server --bin tessera` so a
+//! is (re)built once per test process with `cargo build -p tessera-cli --bin tessera` so a
 //! stale binary is never tested.
 
 use std::ffi::OsStr;
@@ -33,14 +33,7 @@ pub fn tessera_bin() -> PathBuf {
         let root = workspace_root();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "tessera-server",
-                "--bin",
-                "tessera",
-            ])
+            .args(["build", "--quiet", "-p", "tessera-cli", "--bin", "tessera"])
             .current_dir(&root)
             .status()
             .expect("cargo runs");

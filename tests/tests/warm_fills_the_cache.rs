@@ -2,9 +2,10 @@
 //! and nothing is decoded again; with a memory cache, chunks are fetched instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use tessera_cli::remote::Credentials;
+use tessera_cli::warm::warm;
 use tessera_e2e::*;
 use tessera_server::config::CacheKind;
-use tessera_server::warm::{Remote, warm};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_warm_locates_hit_without_decoding() {
@@ -20,12 +21,10 @@ async fn after_warm_locates_hit_without_decoding() {
         config.chunk_target = 1024;
     })
     .await;
-    let remote = Remote {
-        location: format!("grpc://{}", server.addr),
-        ..Default::default()
-    };
+    let location = format!("grpc://{}", server.addr);
+    let creds = Credentials::default();
     let ids = vec!["w1".to_string(), "w2".to_string()];
-    let summary = warm(&remote, &ids, 3, false).await.unwrap();
+    let summary = warm(&location, creds, &ids, 3).await.unwrap();
 
     let mut client = server.client().await;
     let mut tickets = Vec::new();
@@ -64,7 +63,7 @@ async fn after_warm_locates_hit_without_decoding() {
     );
 
     // Warming again finds everything warm.
-    let again = warm(&remote, &ids, 3, false).await.unwrap();
+    let again = warm(&location, creds, &ids, 3).await.unwrap();
     assert_eq!(again.located, summary.chunks);
     let last = action_json(&mut client, "cache_stats", Vec::new()).await;
     assert_eq!(last["misses"], before["misses"], "{last}");
@@ -79,11 +78,9 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
         config.cache = CacheKind::Memory;
     })
     .await;
-    let remote = Remote {
-        location: format!("grpc://{}", server.addr),
-        ..Default::default()
-    };
-    let summary = warm(&remote, &["m".to_string()], 2, false).await.unwrap();
+    let location = format!("grpc://{}", server.addr);
+    let creds = Credentials::default();
+    let summary = warm(&location, creds, &["m".to_string()], 2).await.unwrap();
     assert_eq!(
         (summary.chunks, summary.fetched, summary.located),
         (1, 1, 0)
@@ -93,7 +90,7 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
         "{summary}"
     );
 
-    let err = warm(&remote, &["nope".to_string()], 2, false)
+    let err = warm(&location, creds, &["nope".to_string()], 2)
         .await
         .unwrap_err()
         .to_string();

@@ -20,7 +20,7 @@ pub fn server_bin() -> PathBuf {
     assert!(
         path.is_file(),
         "the tessera server binary is missing at {}: build it with \
-         `cargo build -p tessera-server --bin tessera` or point TESSERA_BIN at it",
+         `cargo build -p tessera-cli --bin tessera` or point TESSERA_BIN at it",
         path.display()
     );
     path

@@ -3,33 +3,13 @@
 //! The output uses the config file's own keys, so it can be saved and served as
 //! is, except for the token, which is never printed.
 
-use std::time::Duration;
-
+use tessera_proto::units::{format_duration, format_size};
 use toml::{Table, Value};
 
 use super::{CacheKind, LogFormat, ServeConfig};
 
 /// What is printed instead of the token.
 pub const REDACTED: &str = "<redacted>";
-
-/// `8388608` → `8MiB`: the largest binary unit that divides `bytes` exactly.
-pub fn size_string(bytes: u64) -> String {
-    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
-/// `2s`, `500ms`: a duration as the config file writes it.
-pub fn duration_string(duration: Duration) -> String {
-    if duration.subsec_millis() == 0 && duration.subsec_nanos() == 0 {
-        format!("{}s", duration.as_secs())
-    } else {
-        format!("{}ms", duration.as_millis())
-    }
-}
 
 fn path_value(path: &std::path::Path) -> Value {
     Value::String(path.display().to_string())
@@ -44,15 +24,15 @@ pub fn render(config: &ServeConfig) -> String {
     }
     top.insert(
         "chunk_target".into(),
-        Value::String(size_string(config.chunk_target)),
+        Value::String(format_size(config.chunk_target)),
     );
     top.insert(
         "read_ahead".into(),
-        Value::String(size_string(config.read_ahead_bytes)),
+        Value::String(format_size(config.read_ahead_bytes)),
     );
     top.insert(
         "settle_window".into(),
-        Value::String(duration_string(config.settle_window)),
+        Value::String(format_duration(config.settle_window)),
     );
     top.insert(
         "max_connections".into(),
@@ -60,24 +40,24 @@ pub fn render(config: &ServeConfig) -> String {
     );
     top.insert(
         "handshake_timeout".into(),
-        Value::String(duration_string(config.handshake_timeout)),
+        Value::String(format_duration(config.handshake_timeout)),
     );
     top.insert(
         "max_pinned".into(),
-        Value::String(size_string(config.pins.max_bytes)),
+        Value::String(format_size(config.pins.max_bytes)),
     );
     top.insert(
         "max_pinned_per_connection".into(),
-        Value::String(size_string(config.pins.max_connection_bytes)),
+        Value::String(format_size(config.pins.max_connection_bytes)),
     );
     top.insert(
         "stream_idle_timeout".into(),
-        Value::String(duration_string(config.pins.stream_idle_timeout)),
+        Value::String(format_duration(config.pins.stream_idle_timeout)),
     );
     top.insert("watch".into(), Value::Boolean(config.watch));
     top.insert(
         "watch_interval".into(),
-        Value::String(duration_string(config.watch_interval)),
+        Value::String(format_duration(config.watch_interval)),
     );
     if let Some(addr) = config.metrics_listen {
         top.insert("metrics_listen".into(), Value::String(addr.to_string()));
@@ -97,7 +77,7 @@ pub fn render(config: &ServeConfig) -> String {
     cache.insert("dir".into(), path_value(&config.cache_dir));
     cache.insert(
         "max_bytes".into(),
-        Value::String(size_string(config.cache_max_bytes)),
+        Value::String(format_size(config.cache_max_bytes)),
     );
     cache.insert(
         "allow_network".into(),
@@ -145,15 +125,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::config::{ConfigFile, ServeArgs};
-
-    #[test]
-    fn sizes_and_durations_print_as_written() {
-        assert_eq!(size_string(8 << 20), "8MiB");
-        assert_eq!(size_string(10 << 30), "10GiB");
-        assert_eq!(size_string(1000), "1000");
-        assert_eq!(duration_string(Duration::from_secs(2)), "2s");
-        assert_eq!(duration_string(Duration::from_millis(250)), "250ms");
-    }
 
     #[test]
     fn output_is_a_valid_config_file_without_the_token() {

@@ -1,14 +1,15 @@
-//! `cli_get` writes a `.npy` that numpy loads equal to the source (whole and
+//! `tessera get` writes a `.npy` that numpy loads equal to the source (whole and
 //! regions, little- and big-endian), through both paths.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../client/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{Server, npy_fixture};
-use tessera_client::{Credentials, cli_get};
+use tessera_cli::remote::{Credentials, get as cli_get};
 
 fn python() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");

@@ -1,17 +1,14 @@
-//! The bodies of the `tessera get`, `tessera ls` and `tessera stats`
-//! subcommands, for the binary to call.
+//! `tessera get`, `tessera ls` and `tessera stats`: commands written on
+//! [`tessera_client::Client`].
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 
+use tessera_client::{Client, ClientError, ClientOptions, TensorInfo, parse_region, write_npy};
 use tessera_proto::json::CacheStats;
+use tessera_proto::units::human_bytes;
 
-use crate::client::{Client, TensorInfo};
-use crate::error::ClientError;
-use crate::npy::write_npy;
-use crate::options::ClientOptions;
-use crate::region::parse_region;
+use crate::progress::Progress;
 
 /// What `tessera get` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +60,8 @@ pub struct Credentials<'a> {
     pub tls_ca: Option<&'a Path>,
 }
 
-fn options(no_mmap: bool, creds: Credentials<'_>) -> Result<ClientOptions, ClientError> {
+/// Client options for `creds`, with the mmap fast path off when `no_mmap` is set.
+pub fn options(no_mmap: bool, creds: Credentials<'_>) -> Result<ClientOptions, ClientError> {
     let mut options = ClientOptions::default();
     if let Some(path) = creds.tls_ca {
         let pem = std::fs::read(path).map_err(|source| ClientError::TlsCa {
@@ -86,7 +84,7 @@ fn options(no_mmap: bool, creds: Credentials<'_>) -> Result<ClientOptions, Clien
 /// reads the tensor (or the numpy-like `region` of it, see
 /// [`parse_region`]) and writes a version 1.0 C-order `.npy` with the dtype
 /// as served. Shows a percentage on stderr when stderr is a terminal.
-pub async fn cli_get(
+pub async fn get(
     location: &str,
     array_id: &str,
     region: Option<&str>,
@@ -104,22 +102,11 @@ pub async fn cli_get(
     };
     let plan = client.plan(array_id, region.as_ref()).await?;
     let chunks = plan.needed_chunks().count();
-    let data = if std::io::stderr().is_terminal() {
-        let mut last = None;
-        let mut report = |done: usize, total: usize| {
-            let percent = done * 100 / total.max(1);
-            if last != Some(percent) {
-                last = Some(percent);
-                eprint!("\r{array_id}: {percent:3}% ({done}/{total} chunks)");
-                let _ = std::io::stderr().flush();
-            }
-        };
-        let data = client.read_plan(&plan, Some(&mut report)).await;
-        eprintln!();
-        data?
-    } else {
-        client.read_plan(&plan, None).await?
-    };
+    let mut progress = Progress::new(array_id, chunks);
+    let mut report = |done: usize, _total: usize| progress.update(done, "");
+    let data = client.read_plan(&plan, Some(&mut report)).await;
+    progress.finish();
+    let data = data?;
     write_npy(out, &data.dtype, &data.shape, &data.bytes)?;
     let stats = client.local_stats();
     Ok(GetSummary {
@@ -137,7 +124,7 @@ pub async fn cli_get(
 
 /// `tessera ls LOCATION [--token T] [--tls-ca F]`: one line per tensor (array id, shape,
 /// dtype, chunk shape, labels) under a header line.
-pub async fn cli_ls(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
+pub async fn ls(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
     let client = Client::connect(location, options(false, creds)?).await?;
     Ok(format_listing(location, &client.list().await?))
 }
@@ -178,7 +165,7 @@ fn format_listing(location: &str, tensors: &[TensorInfo]) -> String {
 }
 
 /// `tessera stats LOCATION [--token T] [--tls-ca F]`: the server's `cache_stats`, readably.
-pub async fn cli_stats(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
+pub async fn stats(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
     let client = Client::connect(location, options(false, creds)?).await?;
     Ok(format_stats(location, &client.cache_stats().await?))
 }
@@ -264,22 +251,6 @@ fn shape_text(shape: &[u64]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    }
-}
-
-/// `1.5 MiB`-style sizes (binary units, one decimal).
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
     }
 }
 
@@ -369,12 +340,5 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle:?} not in\n{text}");
         }
-    }
-
-    #[test]
-    fn sizes_read_like_humans_write_them() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(10 << 30), "10.0 GiB");
     }
 }

@@ -2,6 +2,8 @@
 
 use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
+use tessera_cli::remote::{self, Credentials};
+use tessera_cli::warm;
 use tessera_server::config::{LogFormat, ServeArgs, ServeConfig};
 use tessera_server::daemon::Daemon;
 use tracing_subscriber::EnvFilter;
@@ -53,7 +55,7 @@ struct WarmArgs {
     #[arg(required = true)]
     array_ids: Vec<String>,
     /// Chunks warmed at once.
-    #[arg(long, default_value_t = tessera_server::warm::DEFAULT_CONCURRENCY)]
+    #[arg(long, default_value_t = warm::DEFAULT_CONCURRENCY)]
     concurrency: usize,
 }
 
@@ -83,8 +85,8 @@ struct RemoteArgs {
 }
 
 impl RemoteArgs {
-    fn credentials(&self) -> tessera_client::Credentials<'_> {
-        tessera_client::Credentials {
+    fn credentials(&self) -> Credentials<'_> {
+        Credentials {
             token: self.token.as_deref(),
             tls_ca: self.tls_ca.as_deref(),
         }
@@ -163,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
             daemon.run(stop_signal()).await.context("server failed")?;
         }
         Command::Get(args) => {
-            let summary = tessera_client::cli_get(
+            let summary = remote::get(
                 &args.remote.location,
                 &args.array_id,
                 args.region.as_deref(),
@@ -175,29 +177,27 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("cannot read '{}'", args.array_id))?;
             println!("{summary}");
         }
-        Command::Ls(remote) => {
-            let text = tessera_client::cli_ls(&remote.location, remote.credentials())
+        Command::Ls(args) => {
+            let text = remote::ls(&args.location, args.credentials())
                 .await
                 .context("cannot list tensors")?;
             print!("{text}");
         }
-        Command::Stats(remote) => {
-            let text = tessera_client::cli_stats(&remote.location, remote.credentials())
+        Command::Stats(args) => {
+            let text = remote::stats(&args.location, args.credentials())
                 .await
                 .context("cannot read cache stats")?;
             print!("{text}");
         }
         Command::Warm(args) => {
-            let remote = tessera_server::warm::Remote {
-                location: args.remote.location,
-                token: args.remote.token,
-                tls_ca: args.remote.tls_ca,
-            };
-            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let summary =
-                tessera_server::warm::warm(&remote, &args.array_ids, args.concurrency, progress)
-                    .await
-                    .context("cannot warm the cache")?;
+            let summary = warm::warm(
+                &args.remote.location,
+                args.remote.credentials(),
+                &args.array_ids,
+                args.concurrency,
+            )
+            .await
+            .context("cannot warm the cache")?;
             println!("{summary}");
         }
         Command::Config(ConfigCommand::Check { file }) => {

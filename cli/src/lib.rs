@@ -1,0 +1,7 @@
+//! The commands of the `tessera` binary that talk to a running server, written on
+//! [`tessera_client::Client`]: `get`, `ls` and `stats` ([`remote`]) and `warm` ([`warm`]).
+//! `tessera serve` runs [`tessera_server::daemon::Daemon`]; `main.rs` only parses flags.
+
+mod progress;
+pub mod remote;
+pub mod warm;
