@@ -8,11 +8,10 @@ use std::time::Duration;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use tessera_segments::{Store, StoreError, StoreOptions};
 use tokio::net::TcpListener;
-use tonic::service::interceptor::InterceptedService;
 
 use crate::chunks::{Backend, ChunkService};
 use crate::config::{CacheKind, ServeConfig};
-use crate::flight::auth::{TokenCheck, validate_token};
+use crate::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::flight::chunk_get::ChunkGet;
 use crate::flight::{ServiceState, TesseraFlight};
 use crate::listener::{Admission, incoming};
@@ -179,15 +178,13 @@ impl Daemon {
         let service = FlightServiceServer::new(TesseraFlight::new(self.state.clone()))
             .max_encoding_message_size(MAX_ENCODE_BYTES)
             .max_decoding_message_size(MAX_DECODE_BYTES);
-        let check = TokenCheck::new(self.token.clone());
-        let tonic_check = check.clone();
-        let service = InterceptedService::new(service, move |req| tonic_check.check(req));
-        // Chunk DoGets bypass tonic's encoder (one copy of the chunk fewer); the same token
-        // check and request limit apply on both routes.
-        let service = Metered::new(
-            ChunkGet::new(service, self.state.clone(), check, MAX_DECODE_BYTES)
-                .with_pins(self.state.pins().clone()),
-        );
+        // Chunk DoGets bypass tonic's encoder (one copy of the chunk fewer) with the same
+        // request limit; the token is checked once per call, in front of both routes; every
+        // call is counted, refusals included.
+        let service = ChunkGet::new(service, self.state.clone(), MAX_DECODE_BYTES)
+            .with_pins(self.state.pins().clone());
+        let service = Authenticated::new(service, TokenCheck::new(self.token.clone()));
+        let service = Metered::new(service);
         let mut side_tasks = Vec::new();
         if let Some(metrics) = self.metrics {
             if let Ok(at) = metrics.local_addr() {

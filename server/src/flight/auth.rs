@@ -1,10 +1,18 @@
-//! Bearer-token authentication for every call.
+//! Bearer-token authentication for every call: one tower layer, [`Authenticated`], in
+//! front of every route, so each call is checked exactly once.
 //!
 //! Clients send `authorization: Bearer <token>` on every RPC (biopb-protocol.md §5).
 //! The comparison runs in constant time so response timing reveals nothing of the token.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use subtle::ConstantTimeEq;
-use tonic::{Request, Status};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
 
 use crate::error::ServiceError;
 
@@ -30,7 +38,7 @@ pub fn validate_token(token: &str) -> Result<(), BadToken> {
     Ok(())
 }
 
-/// A tonic interceptor that requires `authorization: Bearer <token>` when a token is set.
+/// Requires `authorization: Bearer <token>` when a token is set.
 #[derive(Clone)]
 pub struct TokenCheck {
     expected: Option<Vec<u8>>,
@@ -44,21 +52,62 @@ impl TokenCheck {
         }
     }
 
-    /// Accepts or refuses one call.
-    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+    /// Accepts or refuses one call by its request headers.
+    pub fn check(&self, headers: &http::HeaderMap) -> Result<(), Status> {
         let Some(expected) = &self.expected else {
-            return Ok(request);
+            return Ok(());
         };
-        let Some(given) = request.metadata().get("authorization") else {
+        let Some(given) = headers.get(tessera_proto::AUTHORIZATION_HEADER) else {
             return Err(ServiceError::Unauthenticated(
                 "missing token: send 'authorization: Bearer <token>'".to_string(),
             )
             .into());
         };
         if bool::from(given.as_bytes().ct_eq(expected)) {
-            Ok(request)
+            Ok(())
         } else {
             Err(ServiceError::Unauthenticated("invalid token".to_string()).into())
+        }
+    }
+}
+
+/// Wraps a gRPC service: every call passes [`TokenCheck`] first, or is answered with its
+/// UNAUTHENTICATED status without reaching `inner`.
+#[derive(Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    check: TokenCheck,
+}
+
+impl<S> Authenticated<S> {
+    /// Checks every call to `inner` with `check`.
+    pub fn new(inner: S, check: TokenCheck) -> Self {
+        Self { inner, check }
+    }
+}
+
+impl<S: NamedService> NamedService for Authenticated<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.check.check(request.headers()) {
+            Ok(()) => Box::pin(self.inner.call(request)),
+            Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
         }
     }
 }
@@ -75,29 +124,27 @@ mod tests {
         assert!(validate_token("abcdefghijklmnop!").is_err());
     }
 
+    fn headers(authorization: &'static str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "authorization",
+            http::HeaderValue::from_static(authorization),
+        );
+        headers
+    }
+
     #[test]
     fn wrong_and_missing_tokens_are_refused() {
         let check = TokenCheck::new(Some("abcdefghijklmnop".to_string()));
-        assert!(check.check(Request::new(())).is_err());
-        let mut bad = Request::new(());
-        bad.metadata_mut().insert(
-            "authorization",
-            "Bearer abcdefghijklmnoq"
-                .parse()
-                .unwrap_or_else(|_| unreachable!()),
-        );
+        assert!(check.check(&http::HeaderMap::new()).is_err());
         assert_eq!(
-            check.check(bad).err().map(|s| s.code()),
+            check
+                .check(&headers("Bearer abcdefghijklmnoq"))
+                .err()
+                .map(|s| s.code()),
             Some(tonic::Code::Unauthenticated)
         );
-        let mut good = Request::new(());
-        good.metadata_mut().insert(
-            "authorization",
-            "Bearer abcdefghijklmnop"
-                .parse()
-                .unwrap_or_else(|_| unreachable!()),
-        );
-        assert!(check.check(good).is_ok());
-        assert!(TokenCheck::new(None).check(Request::new(())).is_ok());
+        assert!(check.check(&headers("Bearer abcdefghijklmnop")).is_ok());
+        assert!(TokenCheck::new(None).check(&http::HeaderMap::new()).is_ok());
     }
 }

@@ -8,7 +8,8 @@
 //! chunk's body, a slice of the segment's mapping (or of the memory cache). h2 writes large
 //! data frames straight from those `Bytes`, so the chunk goes from the page cache to the
 //! socket with no copy in user space, and a client that stops reading pins mapped pages, not
-//! server memory. The chunk's body goes out in pieces of 1 MiB, each a slice of the same
+//! server memory. The token was checked once, in front of every route
+//! ([`super::auth::Authenticated`]). The chunk's body goes out in pieces of 1 MiB, each a slice of the same
 //! bytes that keeps the reply registered in the ledger of unread replies ([`crate::pins`])
 //! while h2 still queues it, so a peer that stops reading is seen and its connection closed.
 //! Every other call, and DoGet of a catalog ticket, goes to the tonic
@@ -17,14 +18,15 @@
 //!
 //! ```text
 //!  client                    ChunkGet                           ServiceState
-//!    │ DoGet(Ticket) ─────────▶ token check; read the request
-//!    │                          (≤ limit); Ticket → chunk id ──────▶ resolve, decode if cold
+//!    │ DoGet(Ticket) ─────────▶ read the request (≤ limit);
+//!    │                          Ticket → chunk id ─────────────────▶ resolve, decode if cold
 //!    │                                                   ◀────────── header + body (Bytes)
 //!    │ ◀─ HEADERS 200 application/grpc
 //!    │ ◀─ DATA [prefix|FlightData{schema}]
 //!    │ ◀─ DATA [prefix|FlightData{data_header, data_body length}] [chunk body, zero-copy]
 //!    │ ◀─ HEADERS grpc-status: 0
-//!  (a catalog ticket is handed to the tonic service with the request bytes read)
+//!  (a catalog ticket is handed to the tonic service with the request bytes read and its
+//!   decoded SQL as a request extension; malformed and unknown tickets are refused here)
 //! ```
 
 use std::collections::VecDeque;
@@ -40,15 +42,14 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
+use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::metadata::MetadataMap;
 use tonic::server::NamedService;
-use tonic::{Extensions, Status};
 
-use super::ServiceState;
-use super::auth::TokenCheck;
+use super::{CatalogSql, ServiceState};
 use crate::chunks::EncodedChunk;
+use crate::error::ServiceError;
 use crate::listener::Peer;
 use crate::pins::{Hold, Pins};
 
@@ -67,25 +68,17 @@ const GRPC_PREFIX: usize = 5;
 pub struct ChunkGet<S> {
     inner: S,
     state: Arc<ServiceState>,
-    check: TokenCheck,
     max_request_bytes: usize,
     pins: Option<Arc<Pins>>,
 }
 
 impl<S> ChunkGet<S> {
-    /// Serves chunk DoGets from `state`, checking tokens with `check` (the same check the
-    /// tonic service runs) and refusing requests over `max_request_bytes` (the tonic
-    /// service's decoding limit, so both routes refuse the same requests).
-    pub fn new(
-        inner: S,
-        state: Arc<ServiceState>,
-        check: TokenCheck,
-        max_request_bytes: usize,
-    ) -> Self {
+    /// Serves chunk DoGets from `state`, refusing requests over `max_request_bytes` (the
+    /// tonic service's decoding limit, so both routes refuse the same requests).
+    pub fn new(inner: S, state: Arc<ServiceState>, max_request_bytes: usize) -> Self {
         Self {
             inner,
             state,
-            check,
             max_request_bytes,
             pins: None,
         }
@@ -130,11 +123,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
-        let check = self.check.clone();
         let limit = self.max_request_bytes;
         let pins = self.pins.clone();
         Box::pin(async move {
-            match route(&state, &check, limit, pins, request).await {
+            match route(&state, limit, pins, request).await {
                 Routed::Answer(response) => Ok(response),
                 Routed::Forward(request) => Ok(inner.call(request).await?.map(Body::new)),
             }
@@ -146,26 +138,22 @@ where
 enum Routed {
     /// Answered here (a chunk, or a refusal).
     Answer(http::Response<Body>),
-    /// Not a chunk ticket: for the tonic service, with the request bytes already read.
+    /// A catalog ticket: for the tonic service, with the request bytes already read and the
+    /// SQL in the extensions.
     Forward(http::Request<Body>),
 }
 
 async fn route(
     state: &ServiceState,
-    check: &TokenCheck,
     limit: usize,
     pins: Option<Arc<Pins>>,
     request: http::Request<Body>,
 ) -> Routed {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let connection = parts
         .extensions
         .get::<Peer>()
         .map(|peer| Arc::clone(&peer.connection));
-    let metadata = MetadataMap::from_headers(parts.headers.clone());
-    if let Err(status) = check.check(tonic::Request::from_parts(metadata, Extensions::new(), ())) {
-        return Routed::Answer(status.into_http());
-    }
     let bytes = match read_request(body, limit).await {
         Ok(bytes) => bytes,
         Err(status) => return Routed::Answer(status.into_http()),
@@ -179,10 +167,19 @@ async fn route(
     };
     let chunk_id = match decode_ticket(&ticket.ticket) {
         Ok(TicketPayload::ChunkId(id)) => id,
-        // Catalog queries and unknown arms: the tonic service answers (or refuses) them.
-        Ok(_) | Err(_) => {
+        Ok(TicketPayload::CatalogQuery(sql)) => {
+            parts.extensions.insert(CatalogSql(sql));
             let body = Body::new(Frames::new(vec![bytes], None));
             return Routed::Forward(http::Request::from_parts(parts, body));
+        }
+        Ok(TicketPayload::Other(arm)) => {
+            let refusal =
+                ServiceError::Unsupported(format!("ticket kind '{arm}' is not served by Tessera"));
+            return Routed::Answer(Status::from(refusal).into_http());
+        }
+        Err(e) => {
+            let refusal = ServiceError::InvalidArgument(format!("malformed ticket: {e}"));
+            return Routed::Answer(Status::from(refusal).into_http());
         }
     };
     match state.encoded_chunk(&chunk_id).await {

@@ -36,7 +36,7 @@ use futures::Stream;
 use parking_lot::RwLock;
 use prost::Message;
 use tessera_proto::pb::TensorReadOption;
-use tessera_proto::ticket::{TicketPayload, decode_flight_request, decode_ticket};
+use tessera_proto::ticket::decode_flight_request;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog::{self, Catalog, CatalogLimits};
@@ -284,7 +284,13 @@ fn check_array_id_len(array_id: &str) -> ServiceResult<()> {
     )))
 }
 
-/// The Flight service.
+/// The SQL of a catalog ticket, decoded by the chunk route ([`chunk_get::ChunkGet`]) and
+/// handed to [`TesseraFlight::do_get`] as a request extension.
+#[derive(Clone, Debug)]
+pub struct CatalogSql(pub String);
+
+/// The Flight service. Its `do_get` answers the catalog tickets [`chunk_get::ChunkGet`]
+/// hands on; chunk tickets never reach it.
 #[derive(Clone)]
 pub struct TesseraFlight {
     state: Arc<ServiceState>,
@@ -294,15 +300,6 @@ impl TesseraFlight {
     /// A service over `state`.
     pub fn new(state: Arc<ServiceState>) -> Self {
         Self { state }
-    }
-
-    async fn do_get_chunk(&self, chunk_id: &[u8]) -> ServiceResult<Vec<FlightData>> {
-        let chunk = self.state.encoded_chunk(chunk_id).await?;
-        let schema = FlightData::new().with_data_header(self.state.chunks.schema_header());
-        let batch = FlightData::new()
-            .with_data_header(chunk.header)
-            .with_data_body(chunk.body);
-        Ok(vec![schema, batch])
     }
 
     fn plan_descriptor(&self, descriptor: &FlightDescriptor) -> ServiceResult<FlightInfo> {
@@ -415,22 +412,17 @@ impl FlightService for TesseraFlight {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        let ticket = request.into_inner().ticket;
-        let payload = decode_ticket(&ticket)
-            .map_err(|e| ServiceError::InvalidArgument(format!("malformed ticket: {e}")))?;
-        match payload {
-            TicketPayload::ChunkId(chunk_id) => {
-                Ok(Response::new(once(self.do_get_chunk(&chunk_id).await?)))
-            }
-            TicketPayload::CatalogQuery(sql) => {
-                let answer = self.state.catalog_query(&sql).await?;
-                Ok(Response::new(Box::pin(catalog::wire::flight_data(answer))))
-            }
-            TicketPayload::Other(arm) => Err(ServiceError::Unsupported(format!(
-                "ticket kind '{arm}' is not served by Tessera"
-            ))
-            .into()),
-        }
+        // The chunk route in front decoded the ticket: chunks it answered itself, a catalog
+        // query it hands on with its SQL.
+        let Some(CatalogSql(sql)) = request.extensions().get::<CatalogSql>().cloned() else {
+            return Err(ServiceError::Internal(
+                "DoGet reached the Flight service without the chunk route that decodes its ticket"
+                    .to_string(),
+            )
+            .into());
+        };
+        let answer = self.state.catalog_query(&sql).await?;
+        Ok(Response::new(Box::pin(catalog::wire::flight_data(answer))))
     }
 
     async fn do_put(
