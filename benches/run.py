@@ -42,7 +42,8 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LISTENING = re.compile(r"listening on (grpc://[0-9.:]+)")
+sys.path.insert(0, str(ROOT / "tests" / "support" / "python"))
+from tessera_launcher import TesseraProcess  # noqa: E402
 MiB = 1 << 20
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -126,38 +127,16 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-class Server:
+class Server(TesseraProcess):
     """A running release `tessera serve` on 127.0.0.1:0 with its own cache directory."""
 
     def __init__(self, binary, paths, cache_dir, extra=()):
         self.cache_dir = pathlib.Path(cache_dir)
-        self.proc = subprocess.Popen(
-            [binary, "serve", *map(str, paths), "--listen", "127.0.0.1:0",
-             "--cache-dir", str(cache_dir), "--cache-max-bytes", "16GiB", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "RUST_LOG": "info"},
+        super().__init__(
+            binary,
+            [*paths, "--cache-dir", cache_dir, "--cache-max-bytes", "16GiB", *extra],
+            start_timeout=120,
         )
-        self.log = []
-        self.location = None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = LISTENING.search(line)
-                if m and not ready.is_set():
-                    self.location = m.group(1)
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(120) or self.location is None:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.log[-30:]))
-
-    @property
-    def pid(self):
-        return self.proc.pid
 
     def cpu_seconds(self) -> float:
         return process_cpu_seconds(self.pid)
@@ -175,15 +154,6 @@ class Server:
             if len(parts) >= 2 and parts[1].isdigit():
                 out[parts[0].rstrip(":")] = int(parts[1])
         return out
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class MemorySampler:

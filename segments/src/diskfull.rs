@@ -3,11 +3,13 @@
 //!
 //! The byte budget is what the operator allows; the filesystem may hold less (other files
 //! grew, a small volume). When an append fails for lack of space (ENOSPC, EDQUOT) the store
-//! lowers a ceiling a quarter below what it holds now and evicts down to it, so the next
-//! append finds room instead of failing again. Each eviction pass then looks at the free
-//! space (`statvfs`) and moves the ceiling to what the disk could take with some room to
-//! spare (two segments, or a quarter of what it could hold, whichever is less), lifting it
-//! once the whole budget fits.
+//! stops growing: a ceiling at what it holds now. Nothing is evicted for that first failure,
+//! so what was cached stays. When an append fails again under the ceiling (the disk is still
+//! full when appends are tried again), the ceiling drops a quarter below what the store holds
+//! and eviction frees that room, so the next append fits. Each eviction pass looks at the
+//! free space (`statvfs`) and raises the ceiling to what the disk could take with some room
+//! to spare (two segments, or a quarter of what it could hold, whichever is less), lifting
+//! it once the whole budget fits.
 
 use std::sync::atomic::Ordering;
 
@@ -43,7 +45,13 @@ impl Inner {
             return;
         }
         let held = self.total_bytes.load(Ordering::Relaxed);
-        let ceiling = held - held / 4;
+        let current = self.ceiling.load(Ordering::Relaxed);
+        // First failure: stop growing. Failing again under the ceiling: make room.
+        let ceiling = if current > held {
+            held
+        } else {
+            held - held / 4
+        };
         let before = self.ceiling.fetch_min(ceiling, Ordering::Relaxed);
         self.counters.disk_full.fetch_add(1, Ordering::Relaxed);
         if ceiling < before {
@@ -58,8 +66,9 @@ impl Inner {
         self.maintenance.wake();
     }
 
-    /// Moves the ceiling to what the filesystem can take now, with room to spare; lifts it
-    /// when the whole budget fits. Called after each eviction pass.
+    /// Raises the ceiling to what the filesystem can take now, with room to spare (never
+    /// lowers it: only failed appends do); lifts it when the whole budget fits. Called after
+    /// each eviction pass.
     pub(crate) fn raise_ceiling(&self) {
         let ceiling = self.ceiling.load(Ordering::Relaxed);
         if ceiling == NO_CEILING {
@@ -78,7 +87,7 @@ impl Inner {
         if fits >= self.max_bytes {
             self.ceiling.store(NO_CEILING, Ordering::Relaxed);
             tracing::info!(dir = %self.dir.display(), "the cache's filesystem has room for the whole budget again");
-        } else if fits != ceiling {
+        } else if fits > ceiling {
             self.ceiling.store(fits, Ordering::Relaxed);
         }
     }

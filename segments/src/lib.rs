@@ -67,8 +67,9 @@
 //!   `DIR/recency`), never an open one; the budget is also enforced at open. Appends are
 //!   admitted against it: while the cache would pass its budget by more than one segment,
 //!   an append waits for eviction, so eviction cannot fall behind appends.
-//! * A full filesystem (ENOSPC, EDQUOT) lowers the budget to what the disk holds, less a
-//!   quarter, and eviction raises it again as free space returns (`diskfull`).
+//! * A full filesystem (ENOSPC, EDQUOT) stops the store growing, a second failure lowers its
+//!   budget a quarter below what it holds, and eviction raises it again as free space
+//!   returns (`diskfull`).
 //! * The store refuses a network filesystem ([`fsgate`]) unless explicitly allowed, and a
 //!   second open of the same directory ([`StoreError::Locked`]).
 

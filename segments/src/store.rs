@@ -369,9 +369,11 @@ impl Store {
         self.inner.schema_meta.clone()
     }
 
-    /// Current counters and sizes.
+    /// Current counters and sizes (a ceiling left by a full disk is raised first, if the disk
+    /// has room again).
     pub fn stats(&self) -> StoreStats {
         let inner = &self.inner;
+        inner.raise_ceiling();
         let c = &inner.counters;
         StoreStats {
             total_entries: inner.index.len(),

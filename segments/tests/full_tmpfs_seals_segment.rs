@@ -61,6 +61,14 @@ fn full_tmpfs_seals_segment_and_keeps_entries() {
     let err = failure.expect("a 2 MiB filesystem must fill up");
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
     assert!(!stored.is_empty());
+    assert!(err.is_disk_full(), "{err}");
+    let stats = store.stats();
+    assert_eq!(stats.disk_full_events, 1);
+    assert_eq!(
+        stats.disk_ceiling,
+        Some(stats.total_bytes),
+        "the first failure stops growth without evicting"
+    );
     for (i, loc) in &stored {
         assert_eq!(common::payload_of(loc, 256 << 10), pattern(*i, 256 << 10));
     }

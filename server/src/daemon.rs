@@ -15,7 +15,7 @@ use crate::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::flight::chunk_get::ChunkGet;
 use crate::flight::{ServiceState, TesseraFlight};
 use crate::listener::{Admission, incoming};
-use crate::metrics::{Metered, MetricsServer};
+use crate::metrics::{Metered, Metrics, MetricsServer};
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::source::watch::Watcher;
@@ -80,7 +80,7 @@ pub struct Daemon {
     state: Arc<ServiceState>,
     token: Option<String>,
     tls: Option<TlsIdentity>,
-    metrics: Option<MetricsServer>,
+    metrics_server: Option<MetricsServer>,
     watcher: Option<Watcher>,
 }
 
@@ -116,15 +116,21 @@ impl Daemon {
         let decoders = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(2);
+        // The one handle everything records into and `/metrics` encodes.
+        let metrics = Metrics::new();
         let chunks = ChunkService::new(backend, config.memory_cache_bytes, decoders)
             .map_err(|e| DaemonError::Cache(e.to_string()))?
             .with_read_ahead(config.read_ahead_bytes)
-            .with_settle_window(config.settle_window);
+            .with_settle_window(config.settle_window)
+            .with_metrics(metrics.clone());
         let chunks = Arc::new(chunks);
-        let state =
-            Arc::new(ServiceState::new(registry, options, chunks).with_pin_limits(config.pins));
+        let state = Arc::new(
+            ServiceState::new(registry, options, chunks)
+                .with_pin_limits(config.pins)
+                .with_metrics(metrics),
+        );
         state.scan_status().finish();
-        let metrics = match config.metrics_listen {
+        let metrics_server = match config.metrics_listen {
             Some(addr) => Some(
                 MetricsServer::bind(addr)
                     .await
@@ -148,14 +154,16 @@ impl Daemon {
             state,
             token: config.token.clone(),
             tls,
-            metrics,
+            metrics_server,
             watcher,
         })
     }
 
     /// The address of the `/metrics` endpoint, if one is bound.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics.as_ref().and_then(|m| m.local_addr().ok())
+        self.metrics_server
+            .as_ref()
+            .and_then(|m| m.local_addr().ok())
     }
 
     /// The address actually bound (useful with port 0).
@@ -184,9 +192,9 @@ impl Daemon {
         let service = ChunkGet::new(service, self.state.clone(), MAX_DECODE_BYTES)
             .with_pins(self.state.pins().clone());
         let service = Authenticated::new(service, TokenCheck::new(self.token.clone()));
-        let service = Metered::new(service);
+        let service = Metered::new(service, self.state.metrics().clone());
         let mut side_tasks = Vec::new();
-        if let Some(metrics) = self.metrics {
+        if let Some(metrics) = self.metrics_server {
             if let Ok(at) = metrics.local_addr() {
                 tracing::info!("metrics on http://{at}/metrics");
             }
@@ -220,7 +228,12 @@ impl Daemon {
             .max_frame_size(1 << 20)
             .add_service(service)
             .serve_with_incoming_shutdown(
-                incoming(self.listener, self.admission, self.state.pins().clone()),
+                incoming(
+                    self.listener,
+                    self.admission,
+                    self.state.pins().clone(),
+                    self.state.metrics().clone(),
+                ),
                 signal,
             );
         tokio::pin!(server);

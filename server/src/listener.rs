@@ -22,7 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::metrics::Counted;
+use crate::metrics::{Metrics, OpenConnection};
 use crate::pins::{Connection, Pins};
 
 /// Bytes a client sends first on a plain HTTP/2 connection (the connection preface); a TLS
@@ -43,17 +43,19 @@ pub struct Admission {
 }
 
 /// The accepted connections of `listener` under `admission`, ready for tonic's
-/// `serve_with_incoming`. The stream never yields an error: failures of `accept` are logged
-/// and retried (with backoff when descriptors run out).
+/// `serve_with_incoming`, each counted in `metrics` while it is open. The stream never
+/// yields an error: failures of `accept` are logged and retried (with backoff when
+/// descriptors run out).
 pub fn incoming(
     listener: TcpListener,
     admission: Admission,
     pins: Arc<Pins>,
+    metrics: Metrics,
 ) -> impl Stream<Item = Result<Admitted, io::Error>> {
     let slots = Arc::new(Semaphore::new(admission.max_connections.max(1)));
     futures::stream::unfold(
-        (listener, slots, pins, BACKOFF_START, 0u64),
-        move |(listener, slots, pins, mut backoff, mut turned_away)| async move {
+        (listener, slots, pins, metrics, BACKOFF_START, 0u64),
+        move |(listener, slots, pins, metrics, mut backoff, mut turned_away)| async move {
             loop {
                 let stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
@@ -89,14 +91,17 @@ pub fn incoming(
                 let admitted = Admitted {
                     stream,
                     connection,
-                    _counted: Counted::new(),
+                    _open: metrics.connection_opened(),
                     _slot: permit,
                     handshake: Some(Box::pin(tokio::time::sleep_until(
                         Instant::now() + admission.handshake_timeout,
                     ))),
                     received: 0,
                 };
-                return Some((Ok(admitted), (listener, slots, pins, backoff, turned_away)));
+                return Some((
+                    Ok(admitted),
+                    (listener, slots, pins, metrics, backoff, turned_away),
+                ));
             }
         },
     )
@@ -115,7 +120,7 @@ fn out_of_resources(err: &io::Error) -> bool {
 pub struct Admitted {
     stream: TcpStream,
     connection: Arc<Connection>,
-    _counted: Counted,
+    _open: OpenConnection,
     _slot: OwnedSemaphorePermit,
     /// Running until the first bytes arrived; `None` after.
     handshake: Option<Pin<Box<Sleep>>>,

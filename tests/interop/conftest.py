@@ -6,16 +6,14 @@ address is read from its "listening on grpc://ADDR" log line.
 """
 import os
 import pathlib
-import re
-import subprocess
-import threading
-import time
+import sys
 
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"listening on (grpcs?://[0-9.:]+)")
+sys.path.insert(0, str(ROOT / "tests" / "support" / "python"))
+from tessera_launcher import TesseraProcess  # noqa: E402
 
 
 def tessera_bin() -> str:
@@ -25,44 +23,14 @@ def tessera_bin() -> str:
     return path
 
 
-class Server:
-    """A running `tessera serve` process."""
+class Server(TesseraProcess):
+    """A running `tessera serve` process (the shared launcher, on the binary under test)."""
 
     def __init__(self, args, env=None):
-        self.proc = subprocess.Popen(
-            [tessera_bin(), "serve", *map(str, args), "--listen", "127.0.0.1:0"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "RUST_LOG": "info", **(env or {})},
-        )
-        self.log = []
-        self.location = None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = LISTENING.search(line)
-                if m and not ready.is_set():
-                    self.location = m.group(1)
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(60) or self.location is None:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.log))
+        super().__init__(tessera_bin(), args, env=env)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return super().stop(timeout=20)
 
 
 @pytest.fixture

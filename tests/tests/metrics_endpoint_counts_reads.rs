@@ -1,104 +1,196 @@
-//! `--metrics-listen` serves Prometheus text: after a read, the call, byte,
-//! cache, latency and connection series are present and count it.
+//! `--metrics-listen` serves Prometheus text that counts a known workload exactly.
+//!
+//! The server is this test's own daemon (its own metrics handle, nothing shared with any
+//! other server), read-ahead is off and one client connection makes every call, so each
+//! series has one right value: after `ROUNDS` do_gets of each of the `M` chunks, one
+//! chunk_locate per chunk and two plans (one refused), the call, byte, latency, cache and
+//! connection series equal what was done.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 
+use arrow_flight::FlightClient;
+use arrow_flight::Ticket;
+use arrow_flight::decode::DecodedPayload;
+use futures::StreamExt;
 use tessera_e2e::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn http_get(addr: SocketAddr, path: &str) -> String {
+/// Times every chunk is fetched over do_get.
+const ROUNDS: usize = 3;
+
+/// One scrape: the response head and the body.
+async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: tessera\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: tessera\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
-    response
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
 }
 
 /// The value of the series whose line starts with `series ` (exact labels).
-fn value(text: &str, series: &str) -> f64 {
+fn value(text: &str, series: &str) -> u64 {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .unwrap_or_else(|| panic!("series {series} missing from:\n{text}"))
         .parse()
-        .unwrap()
+        .unwrap_or_else(|e| panic!("series {series} is not a whole number ({e}):\n{text}"))
+}
+
+/// Fetches one chunk over do_get; returns the bytes of its record-batch message as they
+/// arrived (`data_header` + `data_body`), which is what `served_bytes{path="do_get"}` counts.
+async fn fetch_message_bytes(client: &mut FlightClient, ticket: Ticket) -> u64 {
+    let mut stream = client.do_get(ticket).await.unwrap().into_inner();
+    let mut bytes = 0;
+    let mut batches = 0;
+    while let Some(message) = stream.next().await {
+        let message = message.unwrap();
+        if let DecodedPayload::RecordBatch(batch) = &message.payload {
+            assert_eq!(batch.num_rows(), 1);
+            batches += 1;
+            bytes += (message.inner.data_header.len() + message.inner.data_body.len()) as u64;
+        }
+    }
+    assert_eq!(batches, 1, "one record batch per chunk");
+    bytes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scrape_after_a_read_shows_it() {
+async fn scrape_counts_a_known_workload_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.npy");
     write_npy(&path, "<u2", &[64, 64], &pattern(64 * 64 * 2, 5));
     let server = TestServer::start_with(vec![path], |config| {
         config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
         config.chunk_target = 2048;
+        config.read_ahead_bytes = 0;
     })
     .await;
     let metrics = server.metrics_addr.expect("metrics endpoint bound");
     let mut client = server.client().await;
+
     let info = client
         .get_flight_info(read_descriptor("m", None))
         .await
         .unwrap();
-    for endpoint in &info.endpoint {
-        fetch_chunk(&mut client, endpoint.ticket.clone().unwrap()).await;
+    let tickets: Vec<Ticket> = info
+        .endpoint
+        .iter()
+        .map(|e| e.ticket.clone().unwrap())
+        .collect();
+    let chunks = tickets.len() as u64;
+    assert_eq!(chunks, 4, "8 KiB in chunks of 2 KiB");
+
+    let mut per_round = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut round = 0;
+        for ticket in &tickets {
+            round += fetch_message_bytes(&mut client, ticket.clone()).await;
+        }
+        per_round.push(round);
     }
-    let ticket = info.endpoint[0].ticket.clone().unwrap();
-    action_json(&mut client, "chunk_locate", ticket.ticket.to_vec()).await;
+    assert!(
+        per_round.iter().all(|&r| r == per_round[0]),
+        "{per_round:?}"
+    );
+    let do_get_bytes: u64 = per_round.iter().sum();
+    let do_gets = ROUNDS as u64 * chunks;
+
+    let mut located_bytes = 0;
+    for ticket in &tickets {
+        let reply = action_json(&mut client, "chunk_locate", ticket.ticket.to_vec()).await;
+        located_bytes += reply["byte_length"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("not located: {reply}"));
+    }
     client
         .get_flight_info(read_descriptor("nope", None))
         .await
         .unwrap_err();
 
-    let response = http_get(metrics, "/metrics").await;
-    let (head, text) = response.split_once("\r\n\r\n").unwrap();
+    let (head, text) = http_get(metrics, "/metrics").await;
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    let chunks = info.endpoint.len() as f64;
-    assert!(chunks > 1.0);
     assert!(
-        value(
-            text,
-            "tessera_grpc_calls_total{method=\"DoGet\",code=\"OK\"}"
-        ) >= chunks
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+        "{head}"
     );
-    assert!(
-        value(
-            text,
-            "tessera_grpc_calls_total{method=\"GetFlightInfo\",code=\"OK\"}"
-        ) >= 1.0
-    );
-    assert!(
-        value(
-            text,
-            "tessera_grpc_calls_total{method=\"GetFlightInfo\",code=\"UNKNOWN\"}"
-        ) >= 1.0
-    );
-    assert!(
-        value(
-            text,
-            "tessera_grpc_calls_total{method=\"DoAction\",code=\"OK\"}"
-        ) >= 1.0
-    );
-    assert!(value(text, "tessera_served_bytes_total{path=\"do_get\"}") >= 64.0 * 64.0 * 2.0);
-    assert!(value(text, "tessera_served_bytes_total{path=\"located\"}") > 0.0);
-    // Every chunk was either missed by a request or decoded ahead of one.
-    assert!(
-        value(text, "tessera_cache_misses_total") + value(text, "tessera_cache_read_aheads_total")
-            >= chunks
-    );
-    assert!(value(text, "tessera_cache_hits_total") >= 1.0);
-    assert!(value(text, "tessera_cache_bytes") > 0.0);
-    assert!(value(text, "tessera_chunk_decode_seconds_count") >= chunks);
-    assert!(value(text, "tessera_chunk_write_seconds_count") >= chunks);
-    assert!(value(text, "tessera_chunk_decode_seconds_bucket{le=\"+Inf\"}") >= chunks);
-    assert!(value(text, "tessera_open_connections") >= 1.0);
-    assert!(value(text, "tessera_connections_total") >= 1.0);
-    assert_eq!(value(text, "tessera_sources"), 1.0);
-    assert!(value(text, "tessera_last_full_scan_finished_timestamp_seconds") > 1.6e9);
 
-    let missing = http_get(metrics, "/other").await;
+    // Calls, by method and code: exactly the ones made, and no others.
+    let calls = |method: &str, code: &str| {
+        value(
+            &text,
+            &format!("tessera_grpc_calls_total{{method=\"{method}\",code=\"{code}\"}}"),
+        )
+    };
+    assert_eq!(calls("DoGet", "OK"), do_gets);
+    assert_eq!(calls("DoAction", "OK"), chunks);
+    assert_eq!(calls("GetFlightInfo", "OK"), 1);
+    assert_eq!(calls("GetFlightInfo", "UNKNOWN"), 1);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("tessera_grpc_calls_total{"))
+            .count(),
+        4,
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE tessera_grpc_calls_total counter\n"),
+        "{text}"
+    );
+
+    // Bytes: the sum of the messages received, and of the ranges handed out.
+    assert_eq!(
+        value(&text, "tessera_served_bytes_total{path=\"do_get\"}"),
+        do_get_bytes
+    );
+    assert!(
+        do_get_bytes > do_gets * 2048,
+        "every message holds its 2 KiB"
+    );
+    assert_eq!(
+        value(&text, "tessera_served_bytes_total{path=\"located\"}"),
+        located_bytes
+    );
+
+    // One decode and one cache append per chunk; the rest were hits.
+    assert_eq!(value(&text, "tessera_chunk_decode_seconds_count"), chunks);
+    assert_eq!(
+        value(&text, "tessera_chunk_decode_seconds_bucket{le=\"+Inf\"}"),
+        chunks
+    );
+    assert_eq!(value(&text, "tessera_chunk_write_seconds_count"), chunks);
+    assert_eq!(value(&text, "tessera_cache_do_gets_total"), do_gets);
+    assert_eq!(value(&text, "tessera_cache_locates_total"), chunks);
+    assert_eq!(value(&text, "tessera_cache_read_aheads_total"), 0);
+    // A cold do_get misses, then reads the chunk back once it is stored (a hit); every
+    // later do_get and every chunk_locate is one hit.
+    assert_eq!(value(&text, "tessera_cache_misses_total"), chunks);
+    assert_eq!(
+        value(&text, "tessera_cache_hits_total"),
+        chunks + (ROUNDS as u64 - 1) * chunks + chunks
+    );
+    assert_eq!(value(&text, "tessera_cache_entries"), chunks);
+    assert_eq!(value(&text, "tessera_cache_evictions_total"), 0);
+    assert_eq!(value(&text, "tessera_cache_info{backend=\"file\"}"), 1);
+
+    // One client, one connection, still open.
+    assert_eq!(value(&text, "tessera_connections_total"), 1);
+    assert_eq!(value(&text, "tessera_open_connections"), 1);
+
+    assert_eq!(value(&text, "tessera_sources"), 1);
+    assert_eq!(value(&text, "tessera_full_scan_in_progress"), 0);
+    let finished: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tessera_last_full_scan_finished_timestamp_seconds "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(finished > 1.6e9, "{finished}");
+
+    let (missing, _) = http_get(metrics, "/other").await;
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
     server.stop().await;
 }

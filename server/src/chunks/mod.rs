@@ -52,6 +52,7 @@ use tokio::sync::Semaphore;
 use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
 use crate::grid::Region;
+use crate::metrics::Metrics;
 use crate::source::npy::NpyError;
 use crate::source::registry::Tensor;
 use buffers::BufferPool;
@@ -134,6 +135,8 @@ pub struct ChunkService {
     locates: AtomicU64,
     do_gets: AtomicU64,
     read_aheads: AtomicU64,
+    /// Where decode and write latencies are recorded.
+    metrics: Metrics,
 }
 
 impl ChunkService {
@@ -167,6 +170,7 @@ impl ChunkService {
             locates: AtomicU64::new(0),
             do_gets: AtomicU64::new(0),
             read_aheads: AtomicU64::new(0),
+            metrics: Metrics::default(),
         })
     }
 
@@ -184,6 +188,13 @@ impl ChunkService {
     /// cached (docs/decisions/0011). The default is [`DEFAULT_SETTLE_WINDOW`].
     pub fn with_settle_window(mut self, window: Duration) -> Self {
         self.settle_window = window;
+        self
+    }
+
+    /// Records decode and cache-write latencies in `metrics` (by default in a handle of
+    /// its own, which nobody scrapes).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -344,7 +355,7 @@ impl ChunkService {
                     let result = tokio::task::spawn_blocking(move || {
                         let started = std::time::Instant::now();
                         let result = worker.decode_and_store(&tensor, &id);
-                        crate::metrics::global().record_decode(started.elapsed());
+                        worker.metrics.record_decode(started.elapsed());
                         result
                     })
                     .await;
@@ -408,7 +419,7 @@ impl ChunkService {
             // of a file modified during the copy are never served under the old id.
             let started = std::time::Instant::now();
             let appended = store.append_from_file_checked(&key, &meta, src, finished);
-            crate::metrics::global().record_write(started.elapsed());
+            self.metrics.record_write(started.elapsed());
             match appended {
                 Ok(Ok(_)) => {
                     self.note_append_ok();
@@ -442,7 +453,7 @@ impl ChunkService {
         {
             let started = std::time::Instant::now();
             let appended = store.append(&key, &meta, &[buffer.as_slice()]);
-            crate::metrics::global().record_write(started.elapsed());
+            self.metrics.record_write(started.elapsed());
             match appended {
                 Ok(_) => {
                     self.note_append_ok();

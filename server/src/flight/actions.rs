@@ -86,7 +86,7 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
     let (tensor, id) = state.resolve_chunk(&chunk_id)?;
     Ok(match state.chunks.locate(&tensor, &id).await? {
         Ok(location) => {
-            crate::metrics::global().record_located_bytes(location.byte_length);
+            state.metrics().record_located_bytes(location.byte_length);
             ChunkLocateReply::located(
                 location.segment_path.display().to_string(),
                 location.byte_offset,

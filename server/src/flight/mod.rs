@@ -43,6 +43,7 @@ use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunk_id::{ChunkId, MAX_ARRAY_ID_BYTES};
 use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
+use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
 use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
 use crate::source::watch::ScanStatus;
@@ -59,6 +60,7 @@ pub struct ServiceState {
     scan: ScanStatus,
     catalog: Catalog,
     pins: Arc<Pins>,
+    metrics: Metrics,
 }
 
 impl ServiceState {
@@ -72,6 +74,7 @@ impl ServiceState {
             scan: ScanStatus::default(),
             catalog: Catalog::new(CatalogLimits::default()),
             pins: Pins::new(PinLimits::default()),
+            metrics: Metrics::default(),
         }
     }
 
@@ -79,6 +82,18 @@ impl ServiceState {
     pub fn with_pin_limits(mut self, limits: PinLimits) -> Self {
         self.pins = Pins::new(limits);
         self
+    }
+
+    /// Records served bytes in `metrics` (by default in a handle of its own, which nobody
+    /// scrapes); the daemon passes the one it serves on `/metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics this service records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The ledger of bytes held by unread chunk replies.
@@ -257,7 +272,7 @@ impl ServiceState {
     pub async fn encoded_chunk(&self, chunk_id: &[u8]) -> ServiceResult<EncodedChunk> {
         let (tensor, id) = self.resolve_chunk(chunk_id)?;
         let chunk = self.chunks.encoded(&tensor, &id).await?;
-        crate::metrics::global().record_do_get_bytes(chunk.len() as u64);
+        self.metrics.record_do_get_bytes(chunk.len() as u64);
         Ok(chunk)
     }
 

@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use arrow_flight::FlightClient;
 
-/// The workspace root (parent of this crate's directory).
+/// The workspace root (this crate lives in `tests/support/`).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .join("../..")
+        .canonicalize()
         .unwrap()
-        .to_path_buf()
 }
 
 /// Path of the server binary, building it first unless `$TESSERA_BIN` names one.
@@ -103,6 +103,8 @@ impl ServerProcess {
             .args(["--listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .env_remove("TESSERA_TOKEN")
+            .env_remove("TESSERA_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -1,0 +1,155 @@
+//! The `GET /metrics` endpoint (`--metrics-listen ADDR`), served by axum over HTTP/1.1:
+//! the recorded series of the service's [`Metrics`](super::Metrics) followed by the
+//! [`StateCollector`]'s. Every other path answers 404, other methods on `/metrics` 405.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use super::{CONTENT_TYPE, Metrics, MetricsError, StateCollector};
+use crate::flight::ServiceState;
+
+/// The `GET /metrics` endpoint, bound and ready to run.
+pub struct MetricsServer {
+    listener: TcpListener,
+}
+
+impl MetricsServer {
+    /// Binds `addr`.
+    pub async fn bind(addr: SocketAddr) -> io::Result<Self> {
+        Ok(Self {
+            listener: TcpListener::bind(addr).await?,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Answers scrapes of `state` (its [`ServiceState::metrics`] and its state figures)
+    /// until the task is dropped or aborted.
+    pub async fn run(self, state: Arc<ServiceState>) {
+        if let Err(err) = axum::serve(self.listener, router(Scrape::new(state))).await {
+            tracing::warn!(error = %err, "metrics endpoint stopped");
+        }
+    }
+}
+
+/// What one scrape encodes.
+struct Scrape {
+    metrics: Metrics,
+    /// Holds the [`StateCollector`] only: the state is read when it is encoded.
+    state: Registry,
+}
+
+impl Scrape {
+    fn new(state: Arc<ServiceState>) -> Arc<Self> {
+        let metrics = state.metrics().clone();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(StateCollector::new(state)));
+        Arc::new(Self {
+            metrics,
+            state: registry,
+        })
+    }
+
+    fn text(&self) -> Result<String, MetricsError> {
+        let mut out = String::new();
+        self.metrics.encode(&mut out)?;
+        super::encode(&mut out, &self.state)?;
+        Ok(out)
+    }
+}
+
+fn router(scrape: Arc<Scrape>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(scrape)
+}
+
+async fn metrics(State(scrape): State<Arc<Scrape>>) -> Response {
+    match scrape.text() {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(err) => {
+            tracing::warn!(error = %err, "metrics scrape failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot encode the metrics\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "only /metrics is served here\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A client side of one request (the server under test is axum's).
+    async fn request(addr: SocketAddr, head: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_and_refuses_other_paths() {
+        let metrics = Metrics::new();
+        let state = super::super::test_state(&metrics);
+        metrics.record_do_get_bytes(7);
+        let server = MetricsServer::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = server.local_addr().unwrap();
+        let task = tokio::spawn(server.run(state));
+
+        let close = "Host: t\r\nConnection: close\r\n\r\n";
+        let ok = request(addr, &format!("GET /metrics HTTP/1.1\r\n{close}")).await;
+        let (head, body) = ok.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+            "{head}"
+        );
+        assert!(
+            body.contains("tessera_served_bytes_total{path=\"do_get\"} 7\n"),
+            "{body}"
+        );
+        assert!(
+            body.contains("tessera_cache_info{backend=\"memory\"} 1\n"),
+            "{body}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
+
+        let missing = request(addr, &format!("GET /other HTTP/1.1\r\n{close}")).await;
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        let post = request(
+            addr,
+            &format!("POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n{close}"),
+        )
+        .await;
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        task.abort();
+    }
+}

@@ -1,0 +1,57 @@
+"""The one way Python code here starts `tessera serve`: the interop tests
+(tests/interop/conftest.py) and the benchmarks (benches/run.py) both use it.
+
+The server listens on 127.0.0.1:0; its address is read from the
+"listening on grpc://ADDR" log line, and every stderr line is kept in `log`.
+"""
+import os
+import re
+import subprocess
+import threading
+
+LISTENING = re.compile(r"listening on (grpcs?://[0-9.:]+)")
+
+
+class TesseraProcess:
+    """A running `tessera serve ARGS --listen 127.0.0.1:0`."""
+
+    def __init__(self, binary, args, env=None, start_timeout=60):
+        self.proc = subprocess.Popen(
+            [str(binary), "serve", *map(str, args), "--listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "RUST_LOG": "info", **(env or {})},
+        )
+        self.log = []
+        self.location = None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                m = LISTENING.search(line)
+                if m and not ready.is_set():
+                    self.location = m.group(1)
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(start_timeout) or self.location is None:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.log[-30:]))
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self, timeout=30):
+        """SIGTERM, then SIGKILL after `timeout` seconds; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
