@@ -48,7 +48,7 @@ use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
 use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::pins::PinLimits;
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
-use crate::source::watch::DEFAULT_WATCH_INTERVAL;
+use crate::watch::DEFAULT_WATCH_INTERVAL;
 
 /// Default cap on connections held at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;

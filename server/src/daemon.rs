@@ -11,15 +11,17 @@ use tokio::net::TcpListener;
 
 use crate::chunks::{Backend, ChunkService};
 use crate::config::{CacheKind, ServeConfig};
+use crate::flight::TesseraFlight;
 use crate::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::flight::chunk_get::ChunkGet;
-use crate::flight::{ServiceState, TesseraFlight};
 use crate::listener::{Admission, incoming};
-use crate::metrics::{Metered, Metrics, MetricsServer};
+use crate::metrics::{Metered, Metrics};
+use crate::scrape::MetricsServer;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
-use crate::source::watch::Watcher;
+use crate::state::ServiceState;
 use crate::tls::TlsIdentity;
+use crate::watch::Watcher;
 
 /// Largest message the server sends: a 64 MiB chunk plus its header, with room to spare.
 const MAX_ENCODE_BYTES: usize = 80 << 20;

@@ -5,11 +5,12 @@
 //! * [`grid`] cuts a tensor into chunks of at most 64 MiB.
 //! * [`chunk_id`] is the codec of the opaque chunk ids inside tickets.
 //! * [`chunks`] decodes chunks once and keeps them in the segment store (or RAM).
-//! * [`flight`] is the Arrow Flight service speaking the biopb tensor protocol.
+//! * [`state`] is what the service shares between calls, below the wire; [`flight`] is the
+//!   Arrow Flight service speaking the biopb tensor protocol.
 //! * [`catalog`] answers SQL over the `sources` and `tensors` tables (DataFusion).
 //! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate;
 //!   [`listener`] admits connections and [`pins`] closes those whose unread replies stall.
-//! * [`metrics`] exports Prometheus metrics.
+//! * [`metrics`] is the handle that records Prometheus metrics; [`scrape`] serves them.
 //!
 //! The `tessera` binary (crate `tessera-cli`) runs the daemon and the tools around it.
 
@@ -24,5 +25,8 @@ pub mod grid;
 pub mod listener;
 pub mod metrics;
 pub mod pins;
+pub mod scrape;
 pub mod source;
+pub mod state;
 pub mod tls;
+pub mod watch;

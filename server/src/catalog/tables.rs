@@ -15,7 +15,6 @@ use arrow_array::{
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
-use crate::flight::plan::metadata_json;
 use crate::source::registry::{Refused, Registry, Tensor};
 
 /// Name of the table of sources.
@@ -190,7 +189,7 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
         )),
         Arc::new(tensors),
         Arc::new(StringArray::from_iter(
-            rows.iter().map(|r| r.tensor.map(metadata_json)),
+            rows.iter().map(|r| r.tensor.map(|t| t.metadata_json())),
         )),
         Arc::new(StringArray::from_iter(rows.iter().map(|r| r.reason))),
     ];

@@ -9,8 +9,8 @@ use tessera_proto::consts::{
 use tessera_proto::json::{ChunkLocateReply, Health};
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
 
-use super::ServiceState;
 use crate::error::{ServiceError, ServiceResult};
+use crate::state::ServiceState;
 
 /// The actions this server answers, for ListActions.
 pub fn action_types() -> Vec<ActionType> {
@@ -49,7 +49,7 @@ pub async fn run(state: &ServiceState, kind: &str, body: &[u8]) -> ServiceResult
 /// The chunk cache's counters and what unread replies hold.
 fn cache_stats(state: &ServiceState) -> tessera_proto::json::CacheStats {
     let pins = state.pins().stats();
-    let mut stats = state.chunks.stats();
+    let mut stats = state.chunks().stats();
     stats.pinned_bytes = pins.held_bytes;
     stats.stalled_connections_closed = pins.closed_connections;
     stats
@@ -60,15 +60,15 @@ fn health(state: &ServiceState) -> Health {
         status: HEALTH_STATUS_SERVING.to_string(),
         protocol: FLIGHT_PROTOCOL_VERSION,
         source_count: state.source_count() as u64,
-        uptime_seconds: state.started.elapsed().as_secs_f64(),
+        uptime_seconds: state.uptime().as_secs_f64(),
         writable: false,
         metadata_db_enabled: false,
-        full_scan_in_progress: state.scan.in_progress(),
-        last_full_scan_finished_at: state.scan.last_finished_at(),
+        full_scan_in_progress: state.scan_status().in_progress(),
+        last_full_scan_finished_at: state.scan_status().last_finished_at(),
         server: SERVER_NAME.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         external_location: None,
-        cache_degraded: state.chunks.writes_paused(),
+        cache_degraded: state.chunks().writes_paused(),
     }
 }
 
@@ -84,7 +84,7 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
         }
     };
     let (tensor, id) = state.resolve_chunk(&chunk_id)?;
-    Ok(match state.chunks.locate(&tensor, &id).await? {
+    Ok(match state.chunks().locate(&tensor, &id).await? {
         Ok(location) => {
             state.metrics().record_located_bytes(location.byte_length);
             ChunkLocateReply::located(

@@ -47,11 +47,12 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 
-use super::{CatalogSql, ServiceState};
+use super::CatalogSql;
 use crate::chunks::EncodedChunk;
 use crate::error::ServiceError;
 use crate::listener::Peer;
 use crate::pins::{Hold, Pins};
+use crate::state::ServiceState;
 
 /// The HTTP path of Flight's DoGet.
 const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";

@@ -21,10 +21,8 @@ pub mod auth;
 pub mod chunk_get;
 pub mod plan;
 
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
@@ -33,271 +31,19 @@ use arrow_flight::{
     flight_descriptor::DescriptorType,
 };
 use futures::Stream;
-use parking_lot::RwLock;
 use prost::Message;
 use tessera_proto::pb::TensorReadOption;
 use tessera_proto::ticket::decode_flight_request;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{self, Catalog, CatalogLimits};
-use crate::chunk_id::{ChunkId, MAX_ARRAY_ID_BYTES};
-use crate::chunks::{ChunkService, EncodedChunk};
+use crate::catalog;
 use crate::error::{ServiceError, ServiceResult};
-use crate::metrics::Metrics;
-use crate::pins::{PinLimits, Pins};
-use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
-use crate::source::watch::ScanStatus;
+use crate::source::registry::Tensor;
+use crate::source::sources::check_array_id_len;
+use crate::state::ServiceState;
 
 /// A boxed response stream.
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// Everything the service shares between calls.
-pub struct ServiceState {
-    registry: RwLock<Registry>,
-    open_options: OpenOptions,
-    chunks: Arc<ChunkService>,
-    started: Instant,
-    scan: ScanStatus,
-    catalog: Catalog,
-    pins: Arc<Pins>,
-    metrics: Metrics,
-}
-
-impl ServiceState {
-    /// State over an already scanned registry.
-    pub fn new(registry: Registry, open_options: OpenOptions, chunks: Arc<ChunkService>) -> Self {
-        Self {
-            registry: RwLock::new(registry),
-            open_options,
-            chunks,
-            started: Instant::now(),
-            scan: ScanStatus::default(),
-            catalog: Catalog::new(CatalogLimits::default()),
-            pins: Pins::new(PinLimits::default()),
-            metrics: Metrics::default(),
-        }
-    }
-
-    /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).
-    pub fn with_pin_limits(mut self, limits: PinLimits) -> Self {
-        self.pins = Pins::new(limits);
-        self
-    }
-
-    /// Records served bytes in `metrics` (by default in a handle of its own, which nobody
-    /// scrapes); the daemon passes the one it serves on `/metrics`.
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// The metrics this service records into.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The ledger of bytes held by unread chunk replies.
-    pub fn pins(&self) -> &Arc<Pins> {
-        &self.pins
-    }
-
-    /// Whether the sources are being rescanned and when the last scan finished.
-    pub fn scan_status(&self) -> &ScanStatus {
-        &self.scan
-    }
-
-    /// A copy of the registry (cheap: tensors are shared), for a rescan to compare against.
-    pub fn registry_snapshot(&self) -> Registry {
-        self.registry.read().clone()
-    }
-
-    /// Swaps in a rescanned registry.
-    pub fn replace_registry(&self, registry: Registry) {
-        *self.registry.write() = registry;
-    }
-
-    /// The registry as the SQL catalog shows it, after reopening any served source
-    /// whose file changed on disk (one `stat` per source).
-    pub fn catalog_snapshot(&self) -> catalog::Snapshot {
-        let stale: Vec<String> = self
-            .registry
-            .read()
-            .tensors()
-            .filter(|t| t.file.check_unchanged().is_err())
-            .map(|t| t.array_id.clone())
-            .collect();
-        for array_id in stale {
-            // A source that no longer opens moves to the refused list; that is
-            // what the catalog should show, so the error needs no other handling.
-            if let Err(err) = self.resolve(&array_id) {
-                tracing::debug!(%array_id, %err, "changed source refused on reopen");
-            }
-        }
-        catalog::Snapshot::of(&self.registry.read())
-    }
-
-    /// Runs a catalog SQL query over the current registry.
-    pub async fn catalog_query(&self, sql: &str) -> ServiceResult<catalog::QueryAnswer> {
-        let snapshot = self.catalog_snapshot();
-        Ok(self.catalog.query(&snapshot, sql).await?)
-    }
-
-    /// The chunk service (for shutdown).
-    pub fn chunks(&self) -> &Arc<ChunkService> {
-        &self.chunks
-    }
-
-    /// How many sources are served.
-    pub fn source_count(&self) -> usize {
-        self.registry.read().len()
-    }
-
-    /// Resolves an array id (`source` or `source/field`) to its tensor, reopening
-    /// the source first if its file changed on disk since it was opened.
-    pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
-        check_array_id_len(array_id)?;
-        let (source_id, field) = match array_id.split_once('/') {
-            Some((s, f)) => (s, Some(f)),
-            None => (array_id, None),
-        };
-        let tensor = {
-            let registry = self.registry.read();
-            match registry.get(source_id) {
-                Some(t) => t.clone(),
-                None => {
-                    let Some(refused) = registry.refused_source(source_id) else {
-                        return Err(ServiceError::UnknownSource(array_id.to_string()));
-                    };
-                    let refused = refused.clone();
-                    let changed =
-                        identity_at(&refused.path) != registry.refused_identity(source_id);
-                    drop(registry);
-                    self.retry_refused(refused, changed)?
-                }
-            }
-        };
-        if let Some(field) = field.filter(|f| !f.is_empty()) {
-            return Err(ServiceError::UnknownField {
-                array_id: array_id.to_string(),
-                source_id: source_id.to_string(),
-                field: field.to_string(),
-            });
-        }
-        if tensor.file.check_unchanged().is_ok() {
-            return Ok(tensor);
-        }
-        self.reopen(&tensor)
-    }
-
-    /// A refused source: opened again when its file changed since it was refused (fixed or
-    /// restored), else refused with its reason. A source refused when it was first opened
-    /// is bad input (`InvalidArgument`); one that broke after being served is `Unavailable`.
-    fn retry_refused(&self, refused: Refused, changed: bool) -> ServiceResult<Arc<Tensor>> {
-        let id = refused.source_id.clone();
-        let refused = if changed {
-            let mut registry = self.registry.write();
-            registry.reopen(&id, &refused.path, &self.open_options);
-            match registry.get(&id) {
-                Some(t) => {
-                    tracing::info!(source_id = %id, path = %refused.path.display(), "refused source readable again");
-                    return Ok(t.clone());
-                }
-                None => registry.refused_source(&id).cloned().unwrap_or(refused),
-            }
-        } else {
-            refused
-        };
-        Err(if refused.after_change {
-            ServiceError::Unavailable(format!(
-                "source '{id}' changed on disk and can no longer be read: {}",
-                refused.reason
-            ))
-        } else {
-            ServiceError::InvalidArgument(format!(
-                "source '{id}' is not served: {}",
-                refused.reason
-            ))
-        })
-    }
-
-    fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
-        let path = stale.file.path().to_path_buf();
-        if let Err(busy) = stale.file.check_no_writer() {
-            return Err(ServiceError::Unavailable(format!(
-                "source '{}' is being written; plan the read again when the write is done ({busy})",
-                stale.source_id
-            )));
-        }
-        tracing::info!(source_id = %stale.source_id, path = %path.display(), "source changed on disk; reopening");
-        let mut registry = self.registry.write();
-        registry.reopen(&stale.source_id, &path, &self.open_options);
-        match registry.get(&stale.source_id) {
-            Some(t) => Ok(t.clone()),
-            None => Err(ServiceError::Unavailable(format!(
-                "source '{}' changed on disk and can no longer be read: {}",
-                stale.source_id,
-                registry
-                    .refused_source(&stale.source_id)
-                    .map(|r| r.reason.as_str())
-                    .unwrap_or("unknown reason")
-            ))),
-        }
-    }
-
-    /// Decodes and validates a chunk id from a ticket: the tensor must exist, the
-    /// content version must be current, and the region must be one grid cell.
-    pub fn resolve_chunk(&self, chunk_id: &[u8]) -> ServiceResult<(Arc<Tensor>, ChunkId)> {
-        let id = ChunkId::decode(chunk_id)
-            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
-        let tensor = self.resolve(id.array_id())?;
-        if id.version() != tensor.version {
-            return Err(ServiceError::Stale(format!(
-                "chunk of '{}' was planned against another version of the source; plan the read again",
-                id.array_id()
-            )));
-        }
-        if !tensor.grid.is_cell(id.region()) {
-            return Err(ServiceError::InvalidArgument(format!(
-                "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
-                id.region().start,
-                id.region().stop,
-                id.array_id()
-            )));
-        }
-        Ok((tensor, id))
-    }
-
-    /// The IPC message of the chunk a ticket names, decoding it first if it is cold;
-    /// counted as served by do_get.
-    pub async fn encoded_chunk(&self, chunk_id: &[u8]) -> ServiceResult<EncodedChunk> {
-        let (tensor, id) = self.resolve_chunk(chunk_id)?;
-        let chunk = self.chunks.encoded(&tensor, &id).await?;
-        self.metrics.record_do_get_bytes(chunk.len() as u64);
-        Ok(chunk)
-    }
-
-    /// Paths of served sources (for logs and tests).
-    pub fn source_paths(&self) -> Vec<PathBuf> {
-        self.registry
-            .read()
-            .tensors()
-            .map(|t| t.file.path().to_path_buf())
-            .collect()
-    }
-}
-
-/// Refuses an array id longer than any id a chunk ticket can carry
-/// ([`MAX_ARRAY_ID_BYTES`]) by its length alone, without quoting it: such an id names no
-/// source, and echoing it would turn a request into a large status.
-fn check_array_id_len(array_id: &str) -> ServiceResult<()> {
-    if array_id.len() <= MAX_ARRAY_ID_BYTES {
-        return Ok(());
-    }
-    Err(ServiceError::InvalidArgument(format!(
-        "array id is {} bytes, over the limit of {MAX_ARRAY_ID_BYTES} bytes",
-        array_id.len()
-    )))
-}
 
 /// The SQL of a catalog ticket, decoded by the chunk route ([`chunk_get::ChunkGet`]) and
 /// handed to [`TesseraFlight::do_get`] as a request extension.
@@ -378,7 +124,7 @@ impl FlightService for TesseraFlight {
         &self,
         _request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let tensors: Vec<Arc<Tensor>> = self.state.registry.read().tensors().cloned().collect();
+        let tensors: Vec<Arc<Tensor>> = self.state.sources().read().tensors().cloned().collect();
         let mut infos = catalog::wire::table_flight_infos()?;
         infos.reserve(tensors.len());
         for tensor in tensors {

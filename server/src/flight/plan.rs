@@ -126,7 +126,7 @@ pub fn plan(
         dtype: tensor.dtype_str(),
         slice_hint,
         metadata_json: if mask.metadata_json {
-            metadata_json(tensor)
+            tensor.metadata_json()
         } else {
             String::new()
         },
@@ -198,19 +198,4 @@ fn version_bytes(tensor: &Tensor) -> Vec<u8> {
     out.extend_from_slice(&v.size.to_be_bytes());
     out.extend_from_slice(&v.mtime_ns.to_be_bytes());
     out
-}
-
-/// What Tessera knows about a source, as the JSON clients get with `metadata_json`.
-pub fn metadata_json(tensor: &Tensor) -> String {
-    let header = tensor.file.header();
-    serde_json::json!({
-        "format": "npy",
-        "path": tensor.file.path().display().to_string(),
-        "npy_version": format!("{}.{}", header.version.0, header.version.1),
-        "fortran_order": header.fortran_order,
-        "dtype": tensor.dtype_str(),
-        "shape": tensor.shape(),
-        "chunk_shape": tensor.grid.chunk_shape(),
-    })
-    .to_string()
 }

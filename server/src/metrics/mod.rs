@@ -1,6 +1,6 @@
 //! Prometheus metrics: one [`Metrics`] handle, created by the daemon and handed to
 //! everything that records, over a `prometheus-client` registry; served as text on
-//! `GET /metrics` (`--metrics-listen ADDR`, [`MetricsServer`]).
+//! `GET /metrics` (`--metrics-listen ADDR`) by the scrape endpoint.
 //!
 //! ```text
 //!  gRPC call ─▶ Metered (metered.rs) ─▶ tessera_grpc_calls_total{method,code}
@@ -9,16 +9,15 @@
 //!                                                          + tessera_connections_total
 //!  do_get / chunk_locate ─▶ tessera_served_bytes_total{path}
 //!  cold chunk materialized / cache append ─▶ tessera_chunk_{decode,write}_seconds
-//!  scrape (http.rs) ─▶ the above + StateCollector (state.rs): cache, pins, sources, scans
+//!  scrape endpoint ─▶ the above + a collector over the service state: cache, pins,
+//!                             sources, scans
 //! ```
 //!
 //! Labels have bounded cardinality: methods are the ten Flight RPC names (else
 //! `unknown`), codes the seventeen gRPC codes; array ids never become labels.
 //! The text is the Prometheus exposition format 0.0.4 ([`CONTENT_TYPE`]).
 
-mod http;
 mod metered;
-mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,9 +29,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-pub use http::MetricsServer;
 pub use metered::Metered;
-pub use state::StateCollector;
 
 /// The `Content-Type` of the text [`Metrics::encode`] writes: Prometheus text format 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -182,7 +179,7 @@ impl Metrics {
     }
 
     /// Counts an accepted connection, and counts it open until the guard is dropped (the
-    /// connection holds it, `crate::listener::Admitted`).
+    /// connection of the accept loop holds it).
     pub fn connection_opened(&self) -> OpenConnection {
         self.inner.connections.inc();
         self.inner.open_connections.inc();
@@ -214,30 +211,6 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.open.dec();
     }
-}
-
-/// A service state over no sources and a memory cache of 1 MiB, recording into `metrics`.
-#[cfg(test)]
-fn test_state(metrics: &Metrics) -> Arc<crate::flight::ServiceState> {
-    use crate::chunks::{Backend, ChunkService};
-    use crate::source::npy::Limits;
-    use crate::source::registry::{OpenOptions, Registry as Sources};
-
-    let backend = Backend::Memory {
-        reason: "test".to_string(),
-    };
-    let Ok(chunks) = ChunkService::new(backend, 1 << 20, 1) else {
-        panic!("a memory chunk service");
-    };
-    let options = OpenOptions {
-        limits: Limits::default(),
-        target_chunk_bytes: 8 << 20,
-    };
-    let chunks = Arc::new(chunks.with_metrics(metrics.clone()));
-    Arc::new(
-        crate::flight::ServiceState::new(Sources::default(), options, chunks)
-            .with_metrics(metrics.clone()),
-    )
 }
 
 #[cfg(test)]

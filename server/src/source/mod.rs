@@ -1,4 +1,6 @@
-//! Sources: the files Tessera serves and the registry of them.
+//! Sources: the files Tessera serves ([`npy`]), the registry of them ([`registry`]), its
+//! lifecycle ([`sources`]) and the state of full scans ([`scan`]); the watcher rescans them.
 pub mod npy;
 pub mod registry;
-pub mod watch;
+pub mod scan;
+pub mod sources;

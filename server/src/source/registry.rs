@@ -46,6 +46,22 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// What Tessera knows about a source, as the JSON clients get with `metadata_json`
+    /// (GetFlightInfo) and in the `tensors` catalog table.
+    pub fn metadata_json(&self) -> String {
+        let header = self.file.header();
+        serde_json::json!({
+            "format": "npy",
+            "path": self.file.path().display().to_string(),
+            "npy_version": format!("{}.{}", header.version.0, header.version.1),
+            "fortran_order": header.fortran_order,
+            "dtype": self.dtype_str(),
+            "shape": self.shape(),
+            "chunk_shape": self.grid.chunk_shape(),
+        })
+        .to_string()
+    }
+
     /// The numpy dtype string of the tensor, byte order included (`"<u2"`).
     pub fn dtype_str(&self) -> String {
         self.file.header().dtype.numpy_str()

@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tessera_proto::json::CacheBackend;
 
-use crate::flight::ServiceState;
+use crate::state::ServiceState;
 
 /// Reads the service state on every scrape (register it with a
 /// [`prometheus_client::registry::Registry`]).
@@ -191,7 +191,7 @@ mod tests {
     use super::*;
 
     fn state() -> Arc<ServiceState> {
-        crate::metrics::test_state(&crate::metrics::Metrics::new())
+        super::super::test_state(&crate::metrics::Metrics::new())
     }
 
     fn text(state: &Arc<ServiceState>) -> String {

@@ -1,6 +1,9 @@
 //! The `GET /metrics` endpoint (`--metrics-listen ADDR`), served by axum over HTTP/1.1:
-//! the recorded series of the service's [`Metrics`](super::Metrics) followed by the
-//! [`StateCollector`]'s. Every other path answers 404, other methods on `/metrics` 405.
+//! the recorded series of the service's [`Metrics`] followed by the [`StateCollector`]'s
+//! figures read from the service state at scrape time. Every other path answers 404, other
+//! methods on `/metrics` 405.
+
+mod collector;
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,8 +17,10 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use super::{CONTENT_TYPE, Metrics, MetricsError, StateCollector};
-use crate::flight::ServiceState;
+pub use collector::StateCollector;
+
+use crate::metrics::{CONTENT_TYPE, Metrics, MetricsError};
+use crate::state::ServiceState;
 
 /// The `GET /metrics` endpoint, bound and ready to run.
 pub struct MetricsServer {
@@ -65,7 +70,7 @@ impl Scrape {
     fn text(&self) -> Result<String, MetricsError> {
         let mut out = String::new();
         self.metrics.encode(&mut out)?;
-        super::encode(&mut out, &self.state)?;
+        crate::metrics::encode(&mut out, &self.state)?;
         Ok(out)
     }
 }
@@ -95,6 +100,27 @@ async fn not_found() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "only /metrics is served here\n")
 }
 
+/// A service state over no sources and a memory cache of 1 MiB, recording into `metrics`.
+#[cfg(test)]
+fn test_state(metrics: &Metrics) -> Arc<ServiceState> {
+    use crate::chunks::{Backend, ChunkService};
+    use crate::source::npy::Limits;
+    use crate::source::registry::{OpenOptions, Registry as Sources};
+
+    let backend = Backend::Memory {
+        reason: "test".to_string(),
+    };
+    let Ok(chunks) = ChunkService::new(backend, 1 << 20, 1) else {
+        panic!("a memory chunk service");
+    };
+    let options = OpenOptions {
+        limits: Limits::default(),
+        target_chunk_bytes: 8 << 20,
+    };
+    let chunks = Arc::new(chunks.with_metrics(metrics.clone()));
+    Arc::new(ServiceState::new(Sources::default(), options, chunks).with_metrics(metrics.clone()))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -115,7 +141,7 @@ mod tests {
     #[tokio::test]
     async fn serves_metrics_and_refuses_other_paths() {
         let metrics = Metrics::new();
-        let state = super::super::test_state(&metrics);
+        let state = super::test_state(&metrics);
         metrics.record_do_get_bytes(7);
         let server = MetricsServer::bind("127.0.0.1:0".parse().unwrap())
             .await

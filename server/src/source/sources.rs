@@ -1,0 +1,187 @@
+//! The served sources and their lifecycle: a registry of opened tensors (and of refused
+//! files, with why), looked up by array id, reopened when their file changed on disk, retried
+//! when a refused file changed, and swapped whole by a rescan.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::{RwLock, RwLockReadGuard};
+
+use crate::chunk_id::MAX_ARRAY_ID_BYTES;
+use crate::error::{ServiceError, ServiceResult};
+use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
+
+/// The served sources.
+pub struct Sources {
+    registry: RwLock<Registry>,
+    open_options: OpenOptions,
+}
+
+impl Sources {
+    /// Sources of an already scanned `registry`; changed files are reopened with
+    /// `open_options`.
+    pub fn new(registry: Registry, open_options: OpenOptions) -> Self {
+        Self {
+            registry: RwLock::new(registry),
+            open_options,
+        }
+    }
+
+    /// A copy of the registry (cheap: tensors are shared), for a rescan to compare against.
+    pub fn snapshot(&self) -> Registry {
+        self.registry.read().clone()
+    }
+
+    /// The registry, read-locked (hold it briefly).
+    pub fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read()
+    }
+
+    /// Swaps in a rescanned registry.
+    pub fn replace(&self, registry: Registry) {
+        *self.registry.write() = registry;
+    }
+
+    /// How many sources are served.
+    pub fn len(&self) -> usize {
+        self.registry.read().len()
+    }
+
+    /// Whether no source is served.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Paths of served sources (for logs and tests).
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.registry
+            .read()
+            .tensors()
+            .map(|t| t.file.path().to_path_buf())
+            .collect()
+    }
+
+    /// Reopens every served source whose file changed on disk (one `stat` per source); one
+    /// that no longer opens moves to the refused list.
+    pub fn refresh_changed(&self) {
+        let stale: Vec<String> = self
+            .registry
+            .read()
+            .tensors()
+            .filter(|t| t.file.check_unchanged().is_err())
+            .map(|t| t.array_id.clone())
+            .collect();
+        for array_id in stale {
+            // A source that no longer opens moves to the refused list; that is
+            // what the catalog should show, so the error needs no other handling.
+            if let Err(err) = self.resolve(&array_id) {
+                tracing::debug!(%array_id, %err, "changed source refused on reopen");
+            }
+        }
+    }
+
+    /// Resolves an array id (`source` or `source/field`) to its tensor, reopening
+    /// the source first if its file changed on disk since it was opened.
+    pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
+        check_array_id_len(array_id)?;
+        let (source_id, field) = match array_id.split_once('/') {
+            Some((s, f)) => (s, Some(f)),
+            None => (array_id, None),
+        };
+        let tensor = {
+            let registry = self.registry.read();
+            match registry.get(source_id) {
+                Some(t) => t.clone(),
+                None => {
+                    let Some(refused) = registry.refused_source(source_id) else {
+                        return Err(ServiceError::UnknownSource(array_id.to_string()));
+                    };
+                    let refused = refused.clone();
+                    let changed =
+                        identity_at(&refused.path) != registry.refused_identity(source_id);
+                    drop(registry);
+                    self.retry_refused(refused, changed)?
+                }
+            }
+        };
+        if let Some(field) = field.filter(|f| !f.is_empty()) {
+            return Err(ServiceError::UnknownField {
+                array_id: array_id.to_string(),
+                source_id: source_id.to_string(),
+                field: field.to_string(),
+            });
+        }
+        if tensor.file.check_unchanged().is_ok() {
+            return Ok(tensor);
+        }
+        self.reopen(&tensor)
+    }
+
+    /// A refused source: opened again when its file changed since it was refused (fixed or
+    /// restored), else refused with its reason. A source refused when it was first opened
+    /// is bad input (`InvalidArgument`); one that broke after being served is `Unavailable`.
+    fn retry_refused(&self, refused: Refused, changed: bool) -> ServiceResult<Arc<Tensor>> {
+        let id = refused.source_id.clone();
+        let refused = if changed {
+            let mut registry = self.registry.write();
+            registry.reopen(&id, &refused.path, &self.open_options);
+            match registry.get(&id) {
+                Some(t) => {
+                    tracing::info!(source_id = %id, path = %refused.path.display(), "refused source readable again");
+                    return Ok(t.clone());
+                }
+                None => registry.refused_source(&id).cloned().unwrap_or(refused),
+            }
+        } else {
+            refused
+        };
+        Err(if refused.after_change {
+            ServiceError::Unavailable(format!(
+                "source '{id}' changed on disk and can no longer be read: {}",
+                refused.reason
+            ))
+        } else {
+            ServiceError::InvalidArgument(format!(
+                "source '{id}' is not served: {}",
+                refused.reason
+            ))
+        })
+    }
+
+    fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
+        let path = stale.file.path().to_path_buf();
+        if let Err(busy) = stale.file.check_no_writer() {
+            return Err(ServiceError::Unavailable(format!(
+                "source '{}' is being written; plan the read again when the write is done ({busy})",
+                stale.source_id
+            )));
+        }
+        tracing::info!(source_id = %stale.source_id, path = %path.display(), "source changed on disk; reopening");
+        let mut registry = self.registry.write();
+        registry.reopen(&stale.source_id, &path, &self.open_options);
+        match registry.get(&stale.source_id) {
+            Some(t) => Ok(t.clone()),
+            None => Err(ServiceError::Unavailable(format!(
+                "source '{}' changed on disk and can no longer be read: {}",
+                stale.source_id,
+                registry
+                    .refused_source(&stale.source_id)
+                    .map(|r| r.reason.as_str())
+                    .unwrap_or("unknown reason")
+            ))),
+        }
+    }
+}
+
+/// Refuses an array id longer than any id a chunk ticket can carry
+/// ([`MAX_ARRAY_ID_BYTES`]) by its length alone, without quoting it: such an id names no
+/// source, and echoing it would turn a request into a large status.
+pub fn check_array_id_len(array_id: &str) -> ServiceResult<()> {
+    if array_id.len() <= MAX_ARRAY_ID_BYTES {
+        return Ok(());
+    }
+    Err(ServiceError::InvalidArgument(format!(
+        "array id is {} bytes, over the limit of {MAX_ARRAY_ID_BYTES} bytes",
+        array_id.len()
+    )))
+}

@@ -1,0 +1,157 @@
+//! Everything the service shares between calls, below the wire: the sources, the chunk
+//! service, the catalog, the ledger of unread replies and the metrics handle. `flight/` turns
+//! calls into these; `watch` and `scrape` read and refresh them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::catalog::{self, Catalog, CatalogLimits};
+use crate::chunk_id::ChunkId;
+use crate::chunks::{ChunkService, EncodedChunk};
+use crate::error::{ServiceError, ServiceResult};
+use crate::metrics::Metrics;
+use crate::pins::{PinLimits, Pins};
+use crate::source::registry::{OpenOptions, Registry, Tensor};
+use crate::source::scan::ScanStatus;
+use crate::source::sources::Sources;
+
+/// Everything the service shares between calls.
+pub struct ServiceState {
+    sources: Sources,
+    chunks: Arc<ChunkService>,
+    started: Instant,
+    scan: ScanStatus,
+    catalog: Catalog,
+    pins: Arc<Pins>,
+    metrics: Metrics,
+}
+
+impl ServiceState {
+    /// State over an already scanned registry.
+    pub fn new(registry: Registry, open_options: OpenOptions, chunks: Arc<ChunkService>) -> Self {
+        Self {
+            sources: Sources::new(registry, open_options),
+            chunks,
+            started: Instant::now(),
+            scan: ScanStatus::default(),
+            catalog: Catalog::new(CatalogLimits::default()),
+            pins: Pins::new(PinLimits::default()),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).
+    pub fn with_pin_limits(mut self, limits: PinLimits) -> Self {
+        self.pins = Pins::new(limits);
+        self
+    }
+
+    /// Records served bytes in `metrics` (by default in a handle of its own, which nobody
+    /// scrapes); the daemon passes the one it serves on `/metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics this service records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The ledger of bytes held by unread chunk replies.
+    pub fn pins(&self) -> &Arc<Pins> {
+        &self.pins
+    }
+
+    /// Whether the sources are being rescanned and when the last scan finished.
+    pub fn scan_status(&self) -> &ScanStatus {
+        &self.scan
+    }
+
+    /// The served sources.
+    pub fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// A copy of the registry (cheap: tensors are shared), for a rescan to compare against.
+    pub fn registry_snapshot(&self) -> Registry {
+        self.sources.snapshot()
+    }
+
+    /// Swaps in a rescanned registry.
+    pub fn replace_registry(&self, registry: Registry) {
+        self.sources.replace(registry);
+    }
+
+    /// Time since the service started.
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// The registry as the SQL catalog shows it, after reopening any served source
+    /// whose file changed on disk (one `stat` per source).
+    pub fn catalog_snapshot(&self) -> catalog::Snapshot {
+        self.sources.refresh_changed();
+        catalog::Snapshot::of(&self.sources.read())
+    }
+
+    /// Runs a catalog SQL query over the current registry.
+    pub async fn catalog_query(&self, sql: &str) -> ServiceResult<catalog::QueryAnswer> {
+        let snapshot = self.catalog_snapshot();
+        Ok(self.catalog.query(&snapshot, sql).await?)
+    }
+
+    /// The chunk service (for shutdown).
+    pub fn chunks(&self) -> &Arc<ChunkService> {
+        &self.chunks
+    }
+
+    /// How many sources are served.
+    pub fn source_count(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Resolves an array id (`source` or `source/field`) to its tensor, reopening the source
+    /// first if its file changed on disk since it was opened.
+    pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
+        self.sources.resolve(array_id)
+    }
+
+    /// Decodes and validates a chunk id from a ticket: the tensor must exist, the
+    /// content version must be current, and the region must be one grid cell.
+    pub fn resolve_chunk(&self, chunk_id: &[u8]) -> ServiceResult<(Arc<Tensor>, ChunkId)> {
+        let id = ChunkId::decode(chunk_id)
+            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
+        let tensor = self.resolve(id.array_id())?;
+        if id.version() != tensor.version {
+            return Err(ServiceError::Stale(format!(
+                "chunk of '{}' was planned against another version of the source; plan the read again",
+                id.array_id()
+            )));
+        }
+        if !tensor.grid.is_cell(id.region()) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
+                id.region().start,
+                id.region().stop,
+                id.array_id()
+            )));
+        }
+        Ok((tensor, id))
+    }
+
+    /// The IPC message of the chunk a ticket names, decoding it first if it is cold;
+    /// counted as served by do_get.
+    pub async fn encoded_chunk(&self, chunk_id: &[u8]) -> ServiceResult<EncodedChunk> {
+        let (tensor, id) = self.resolve_chunk(chunk_id)?;
+        let chunk = self.chunks.encoded(&tensor, &id).await?;
+        self.metrics.record_do_get_bytes(chunk.len() as u64);
+        Ok(chunk)
+    }
+
+    /// Paths of served sources (for logs and tests).
+    pub fn source_paths(&self) -> Vec<PathBuf> {
+        self.sources.paths()
+    }
+}
