@@ -2,14 +2,12 @@
 //! regions, little- and big-endian), through both paths.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../client/tests/common/mod.rs"]
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Server, npy_fixture};
 use tessera_cli::remote::{Credentials, get as cli_get};
+use tessera_test_support::npy_fixture;
+use tessera_test_support::process::ServerProcess;
 
 fn python() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
@@ -52,10 +50,17 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
     let (plane, _) = npy_fixture(dir.path(), "plane", "<u2", &[300, 400], 41);
     let (volume, _) = npy_fixture(dir.path(), "volume", ">i4", &[12, 50, 60], 42);
     let (line, _) = npy_fixture(dir.path(), "line", "<c8", &[5000], 43);
-    let server = Server::start(
-        &[plane.clone(), volume.clone(), line.clone()],
-        &["--chunk-target", "64KiB"],
-    );
+    let cache = dir.path().join("cache");
+    let server = ServerProcess::spawn(&[
+        plane.as_os_str(),
+        volume.as_os_str(),
+        line.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--chunk-target".as_ref(),
+        "64KiB".as_ref(),
+    ]);
+    let location = server.url().replacen("http://", "grpc://", 1);
 
     // (array id, source, region for tessera get, the same index in numpy)
     let cases: [(&str, &Path, Option<&str>, &str); 7] = [
@@ -71,7 +76,7 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
         for (i, (id, source, region, index)) in cases.iter().enumerate() {
             let out = dir.path().join(format!("out_{i}_{no_mmap}.npy"));
             let summary = cli_get(
-                &server.url,
+                &location,
                 id,
                 *region,
                 &out,

@@ -62,14 +62,10 @@ async fn setup(extra: &[&str]) -> Setup {
     args.extend_from_slice(extra);
     let server = ServerProcess::spawn(&args);
     let mut client = server.client().await;
-    let info = client
-        .get_flight_info(read_descriptor("big", None))
+    let tickets: Vec<Ticket> = planned_chunks(&mut client, "big")
         .await
-        .unwrap();
-    let tickets: Vec<Ticket> = info
-        .endpoint
-        .iter()
-        .map(|e| e.ticket.clone().unwrap())
+        .into_iter()
+        .map(|(_, _, ticket)| ticket)
         .collect();
     assert_eq!(tickets.len(), CHUNKS as usize);
     Setup {

@@ -4,11 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tessera_client::{CacheStats, Client, ClientOptions, Region};
+pub use tessera_test_support::npy_fixture;
 use tessera_test_support::process::ServerProcess;
-use tessera_test_support::{pattern, region_bytes, write_npy};
+use tessera_test_support::region_bytes;
 
 /// A `tessera serve` child process with its own cache directory; killed on drop.
 pub struct Server {
@@ -52,23 +53,6 @@ pub fn options(mmap: bool) -> ClientOptions {
         .with_mmap(mmap)
         .with_pin_limit(None)
         .with_concurrency(4)
-}
-
-/// Writes a C-order version 1.0 `.npy` of `descr` and `shape` holding pseudo-random bytes;
-/// returns its path and payload.
-pub fn npy_fixture(
-    dir: &Path,
-    name: &str,
-    descr: &str,
-    shape: &[u64],
-    seed: u64,
-) -> (PathBuf, Vec<u8>) {
-    let itemsize = tessera_client::itemsize(descr).unwrap();
-    let len = shape.iter().product::<u64>() as usize * itemsize;
-    let data = pattern(len, seed);
-    let path = dir.join(format!("{name}.npy"));
-    write_npy(&path, descr, shape, &data);
-    (path, data)
 }
 
 /// The C-order bytes of `region` of a C-order array.

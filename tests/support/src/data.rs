@@ -1,6 +1,6 @@
 //! `.npy` files with known bytes, and the crop a read is compared with.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Writes a C-order little-endian `.npy` (version 1.0) with `descr` and `shape`.
 pub fn write_npy(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
@@ -79,4 +79,21 @@ pub fn region_bytes(
             idx[axis] = start[axis];
         }
     }
+}
+
+/// Writes `DIR/NAME.npy`, C-order, of `descr` (`<u2`, `>i4`, `|u1`: the item size is its
+/// digits) and `shape`, holding [`pattern`] bytes of `seed`; returns its path and payload.
+pub fn npy_fixture(
+    dir: &Path,
+    name: &str,
+    descr: &str,
+    shape: &[u64],
+    seed: u64,
+) -> (PathBuf, Vec<u8>) {
+    let itemsize: usize = descr[2..].parse().unwrap();
+    let len = shape.iter().product::<u64>() as usize * itemsize;
+    let data = pattern(len, seed);
+    let path = dir.join(format!("{name}.npy"));
+    write_npy(&path, descr, shape, &data);
+    (path, data)
 }

@@ -7,7 +7,7 @@ pub mod connect;
 pub mod data;
 pub mod process;
 
-pub use data::{pattern, region_bytes, write_npy, write_npy_ordered};
+pub use data::{npy_fixture, pattern, region_bytes, write_npy, write_npy_ordered};
 
 /// A scenario that cannot run on this machine: skipped with `reason` on a workstation,
 /// a failure under CI (`CI=true`), where every scenario must run.
