@@ -1,6 +1,7 @@
 //! Shared fixture for end-to-end tests: a real Tessera server on `127.0.0.1:0`,
-//! served on a tokio task and stopped through a oneshot, plus a Flight client
-//! configured for 64 MiB chunks and helpers to write `.npy` files.
+//! served on a tokio task and stopped through a oneshot, plus Flight helpers (plans, chunk
+//! batches, actions, status details). The binary as a child process, Flight connections and
+//! `.npy` fixtures come from `tessera-test-support`, re-exported here.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod located;
