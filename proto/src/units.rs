@@ -8,13 +8,8 @@ use std::time::Duration;
 /// (binary and decimal units, case-insensitive). `None` for anything else, negatives
 /// included.
 pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let (number, unit) = number_and_unit(text)?;
+    let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
         "kib" => 1 << 10,
@@ -28,6 +23,16 @@ pub fn parse_size(text: &str) -> Option<u64> {
     };
     let bytes = number * multiplier as f64;
     (bytes.is_finite() && bytes >= 0.0 && bytes <= u64::MAX as f64).then_some(bytes as u64)
+}
+
+/// `1.5GiB` → `(1.5, "GiB")`: the leading decimal number and what follows it, trimmed.
+fn number_and_unit(text: &str) -> Option<(f64, &str)> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    Some((number.parse().ok()?, unit.trim()))
 }
 
 /// `8388608` → `8MiB`: the largest binary unit that divides `bytes` exactly, so that
@@ -60,13 +65,8 @@ pub fn human_bytes(bytes: u64) -> String {
 /// Parses `2s`, `500ms`, `1.5s`, `1m`, `1h` or a bare number of seconds. `None` for
 /// anything else, zero included (no setting of ours means "never" by zero).
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().ok()?;
-    let seconds = match unit.trim() {
+    let (value, unit) = number_and_unit(text)?;
+    let seconds = match unit {
         "" | "s" => value,
         "ms" => value / 1000.0,
         "m" | "min" => value * 60.0,

@@ -191,8 +191,7 @@ impl Daemon {
         // Chunk DoGets bypass tonic's encoder (one copy of the chunk fewer) with the same
         // request limit; the token is checked once per call, in front of both routes; every
         // call is counted, refusals included.
-        let service = ChunkGet::new(service, self.state.clone(), MAX_DECODE_BYTES)
-            .with_pins(self.state.pins().clone());
+        let service = ChunkGet::new(service, self.state.clone(), MAX_DECODE_BYTES);
         let service = Authenticated::new(service, TokenCheck::new(self.token.clone()));
         let service = Metered::new(service, self.state.metrics().clone());
         let mut side_tasks = Vec::new();

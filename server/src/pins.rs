@@ -97,11 +97,6 @@ impl Pins {
         })
     }
 
-    /// The caps this ledger enforces.
-    pub fn limits(&self) -> PinLimits {
-        self.limits
-    }
-
     /// Registers an accepted connection from `peer`.
     pub fn connect(&self, peer: Option<SocketAddr>) -> Arc<Connection> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

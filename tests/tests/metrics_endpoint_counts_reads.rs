@@ -7,28 +7,15 @@
 //! connection series equal what was done.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-
 use arrow_flight::FlightClient;
 use arrow_flight::Ticket;
 use arrow_flight::decode::DecodedPayload;
 use futures::StreamExt;
 use tessera_e2e::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tessera_test_support::http::http_request;
 
 /// Times every chunk is fetched over do_get.
 const ROUNDS: usize = 3;
-
-/// One scrape: the response head and the body.
-async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: tessera\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    (head.to_string(), body.to_string())
-}
 
 /// The value of the series whose line starts with `series ` (exact labels).
 fn value(text: &str, series: &str) -> u64 {
@@ -110,13 +97,13 @@ async fn scrape_counts_a_known_workload_exactly() {
         .await
         .unwrap_err();
 
-    let (head, text) = http_get(metrics, "/metrics").await;
-    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
-        "{head}"
+    let scrape = http_request(metrics, "GET", "/metrics").await;
+    assert_eq!(scrape.status, 200, "{scrape:?}");
+    assert_eq!(
+        scrape.content_type.as_deref(),
+        Some("text/plain; version=0.0.4; charset=utf-8")
     );
+    let text = scrape.body;
 
     // Calls, by method and code: exactly the ones made, and no others.
     let calls = |method: &str, code: &str| {
@@ -190,7 +177,6 @@ async fn scrape_counts_a_known_workload_exactly() {
         .unwrap();
     assert!(finished > 1.6e9, "{finished}");
 
-    let (missing, _) = http_get(metrics, "/other").await;
-    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    assert_eq!(http_request(metrics, "GET", "/other").await.status, 404);
     server.stop().await;
 }

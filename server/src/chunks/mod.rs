@@ -422,7 +422,7 @@ impl ChunkService {
             self.metrics.record_write(started.elapsed());
             match appended {
                 Ok(Ok(_)) => {
-                    self.note_append_ok();
+                    self.writes.succeeded();
                     return Ok(Materialized::Stored);
                 }
                 Ok(Err(changed)) => return Err(source_error(changed)),
@@ -434,7 +434,7 @@ impl ChunkService {
                     )));
                 }
                 Err(err) => {
-                    self.note_append_failed(&err);
+                    self.writes.failed(&err);
                     try_append = false;
                 }
             }
@@ -456,25 +456,15 @@ impl ChunkService {
             self.metrics.record_write(started.elapsed());
             match appended {
                 Ok(_) => {
-                    self.note_append_ok();
+                    self.writes.succeeded();
                     return Ok(Materialized::Stored);
                 }
-                Err(err) => self.note_append_failed(&err),
+                Err(err) => self.writes.failed(&err),
             }
         }
         let chunk = encode_in_memory(&key, &meta, buffer.as_slice())?;
         self.memory.insert(&key, chunk.clone());
         Ok(Materialized::InMemory(chunk))
-    }
-
-    /// An append succeeded: logs the recovery after failures.
-    fn note_append_ok(&self) {
-        self.writes.succeeded();
-    }
-
-    /// An append failed: pauses appends for a backoff (chunks are served from memory).
-    fn note_append_failed(&self, err: &StoreError) {
-        self.writes.failed(err);
     }
 
     /// While file cache writes fail: what failed and when they are tried next.

@@ -51,7 +51,7 @@ use super::CatalogSql;
 use crate::chunks::EncodedChunk;
 use crate::error::ServiceError;
 use crate::listener::Peer;
-use crate::pins::{Hold, Pins};
+use crate::pins::Hold;
 use crate::state::ServiceState;
 
 /// The HTTP path of Flight's DoGet.
@@ -70,7 +70,6 @@ pub struct ChunkGet<S> {
     inner: S,
     state: Arc<ServiceState>,
     max_request_bytes: usize,
-    pins: Option<Arc<Pins>>,
 }
 
 impl<S> ChunkGet<S> {
@@ -81,15 +80,7 @@ impl<S> ChunkGet<S> {
             inner,
             state,
             max_request_bytes,
-            pins: None,
         }
-    }
-
-    /// Registers every chunk reply on a connection of the accept loop with `pins` while the
-    /// peer has not read it (replies are not tracked without).
-    pub fn with_pins(mut self, pins: Arc<Pins>) -> Self {
-        self.pins = Some(pins);
-        self
     }
 }
 
@@ -125,9 +116,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
         let limit = self.max_request_bytes;
-        let pins = self.pins.clone();
         Box::pin(async move {
-            match route(&state, limit, pins, request).await {
+            match route(&state, limit, request).await {
                 Routed::Answer(response) => Ok(response),
                 Routed::Forward(request) => Ok(inner.call(request).await?.map(Body::new)),
             }
@@ -144,12 +134,7 @@ enum Routed {
     Forward(http::Request<Body>),
 }
 
-async fn route(
-    state: &ServiceState,
-    limit: usize,
-    pins: Option<Arc<Pins>>,
-    request: http::Request<Body>,
-) -> Routed {
+async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>) -> Routed {
     let (mut parts, body) = request.into_parts();
     let connection = parts
         .extensions
@@ -185,9 +170,10 @@ async fn route(
     };
     match state.encoded_chunk(&chunk_id).await {
         Ok(chunk) => {
-            let hold = pins
-                .zip(connection)
-                .map(|(pins, connection)| pins.hold(&connection, chunk.body.len() as u64));
+            // Replies on connections of the accept loop are registered in the state's ledger
+            // while the peer has not read them.
+            let hold = connection
+                .map(|connection| state.pins().hold(&connection, chunk.body.len() as u64));
             Routed::Answer(chunk_response(state.chunks().schema_header(), chunk, hold))
         }
         Err(e) => Routed::Answer(Status::from(e).into_http()),

@@ -125,18 +125,9 @@ fn test_state(metrics: &Metrics) -> Arc<ServiceState> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tessera_test_support::http::http_request;
 
     use super::*;
-
-    /// A client side of one request (the server under test is axum's).
-    async fn request(addr: SocketAddr, head: &str) -> String {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream.write_all(head.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        response
-    }
 
     #[tokio::test]
     async fn serves_metrics_and_refuses_other_paths() {
@@ -149,15 +140,13 @@ mod tests {
         let addr = server.local_addr().unwrap();
         let task = tokio::spawn(server.run(state));
 
-        let close = "Host: t\r\nConnection: close\r\n\r\n";
-        let ok = request(addr, &format!("GET /metrics HTTP/1.1\r\n{close}")).await;
-        let (head, body) = ok.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-        assert!(
-            head.to_ascii_lowercase()
-                .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
-            "{head}"
+        let ok = http_request(addr, "GET", "/metrics").await;
+        assert_eq!(ok.status, 200, "{ok:?}");
+        assert_eq!(
+            ok.content_type.as_deref(),
+            Some("text/plain; version=0.0.4; charset=utf-8")
         );
+        let body = &ok.body;
         assert!(
             body.contains("tessera_served_bytes_total{path=\"do_get\"} 7\n"),
             "{body}"
@@ -168,14 +157,8 @@ mod tests {
         );
         assert!(!body.contains("# EOF"), "{body}");
 
-        let missing = request(addr, &format!("GET /other HTTP/1.1\r\n{close}")).await;
-        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
-        let post = request(
-            addr,
-            &format!("POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n{close}"),
-        )
-        .await;
-        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        assert_eq!(http_request(addr, "GET", "/other").await.status, 404);
+        assert_eq!(http_request(addr, "POST", "/metrics").await.status, 405);
         task.abort();
     }
 }
