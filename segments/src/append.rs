@@ -15,7 +15,7 @@ use parking_lot::MutexGuard;
 use crate::copy::{self, CopyFailure};
 use crate::error::StoreError;
 use crate::index::IndexEntry;
-use crate::ipc::{EncodeError, EntryBody};
+use crate::ipc::EntryBody;
 use crate::layout::{self, DurableError};
 use crate::map;
 use crate::segment::{self, Active};
@@ -59,16 +59,6 @@ struct Placed {
     offset: u64,
     message: Vec<u8>,
     total: u64,
-}
-
-fn encode_err(e: EncodeError) -> StoreError {
-    match e {
-        EncodeError::TooLong { len, .. } => StoreError::EntryTooLarge {
-            len,
-            reason: e.to_string(),
-        },
-        EncodeError::Invalid(reason) => StoreError::InvalidEntry { reason },
-    }
 }
 
 impl Inner {
@@ -185,7 +175,7 @@ impl Inner {
             Err(e) => {
                 let _sealed =
                     self.fail(&mut shard, &placed, 0, std::io::Error::other(e.to_string()));
-                return Err(encode_err(e));
+                return Err(e.into());
             }
         };
         placed.message = message;
@@ -207,9 +197,11 @@ impl Inner {
             self.touch(&e.seg);
             return Ok(Start::Stored(location(&e)));
         }
-        let body = EntryBody::new(key, &meta.shape, &meta.dtype, data_len).map_err(encode_err)?;
-        let bound =
-            body.message(0, Some(0)).map_err(encode_err)?.len() as u64 + MAX_ALIGN_PAD + body.len();
+        let body =
+            EntryBody::new(key, &meta.shape, &meta.dtype, data_len).map_err(StoreError::from)?;
+        let bound = body.message(0, Some(0)).map_err(StoreError::from)?.len() as u64
+            + MAX_ALIGN_PAD
+            + body.len();
         let limit = self.max_entry_len();
         if bound > limit {
             self.counters.oversized.fetch_add(1, Ordering::Relaxed);
@@ -279,7 +271,7 @@ impl Inner {
         };
         let active = shard.insert(current);
         let offset = active.end;
-        let message = body.message(offset, crc).map_err(encode_err)?;
+        let message = body.message(offset, crc).map_err(StoreError::from)?;
         let total = message.len() as u64 + body.len();
         Ok((
             active,

@@ -109,6 +109,20 @@ pub enum StoreError {
     },
 }
 
+impl From<crate::ipc::EncodeError> for StoreError {
+    /// An entry that cannot be encoded is refused as too large (a length past the format's
+    /// 32-bit offsets) or as invalid (anything else).
+    fn from(e: crate::ipc::EncodeError) -> Self {
+        match e {
+            crate::ipc::EncodeError::TooLong { len, .. } => StoreError::EntryTooLarge {
+                len,
+                reason: e.to_string(),
+            },
+            crate::ipc::EncodeError::Invalid(reason) => StoreError::InvalidEntry { reason },
+        }
+    }
+}
+
 fn holder_suffix(pid: Option<u32>) -> String {
     match pid {
         Some(pid) => format!(" (pid {pid})"),

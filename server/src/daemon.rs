@@ -9,7 +9,7 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use tessera_segments::{Store, StoreError, StoreOptions};
 use tokio::net::TcpListener;
 
-use crate::chunks::{Backend, ChunkService};
+use crate::chunks::{ChunkService, ChunkStore, MemoryStore, SegmentFiles};
 use crate::config::{CacheKind, ServeConfig};
 use crate::flight::TesseraFlight;
 use crate::flight::auth::{Authenticated, TokenCheck, validate_token};
@@ -98,7 +98,7 @@ impl Daemon {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
             None => None,
         };
-        let backend = open_backend(config)?;
+        let store = open_store(config)?;
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
@@ -120,8 +120,7 @@ impl Daemon {
             .max(2);
         // The one handle everything records into and `/metrics` encodes.
         let metrics = Metrics::new();
-        let chunks = ChunkService::new(backend, config.memory_cache_bytes, decoders)
-            .map_err(|e| DaemonError::Cache(e.to_string()))?
+        let chunks = ChunkService::new(store, config.memory_cache_bytes, decoders)
             .with_read_ahead(config.read_ahead_bytes)
             .with_settle_window(config.settle_window)
             .with_metrics(metrics.clone());
@@ -261,11 +260,17 @@ impl Daemon {
     }
 }
 
-fn open_backend(config: &ServeConfig) -> Result<Backend, DaemonError> {
+/// The chunk store the configuration asks for: the segment files, or RAM when the
+/// configuration says so or the cache directory is refused (a lock held by another
+/// process is an error instead: two daemons must not share a directory by accident).
+fn open_store(config: &ServeConfig) -> Result<Arc<dyn ChunkStore>, DaemonError> {
+    let memory = |reason: String| {
+        MemoryStore::new(config.memory_cache_bytes, reason)
+            .map(|store| Arc::new(store) as Arc<dyn ChunkStore>)
+            .map_err(|e| DaemonError::Cache(e.to_string()))
+    };
     if config.cache == CacheKind::Memory {
-        return Ok(Backend::Memory {
-            reason: "this server runs with a memory cache (--cache memory)".to_string(),
-        });
+        return memory("this server runs with a memory cache (--cache memory)".to_string());
     }
     let options = StoreOptions::new(config.cache_dir.clone())
         .with_max_bytes(config.cache_max_bytes)
@@ -278,14 +283,12 @@ fn open_backend(config: &ServeConfig) -> Result<Backend, DaemonError> {
     match Store::open(options) {
         Ok(store) => {
             tracing::info!(dir = %config.cache_dir.display(), "file cache open");
-            Ok(Backend::File(Arc::new(store)))
+            Ok(Arc::new(SegmentFiles::new(store)))
         }
         Err(err @ StoreError::Locked { .. }) => Err(DaemonError::CacheLocked(err)),
         Err(err) => {
             tracing::warn!(error = %err, "file cache unavailable; serving with a memory cache (chunks travel over do_get)");
-            Ok(Backend::Memory {
-                reason: format!("the file cache is unavailable: {err}"),
-            })
+            memory(format!("the file cache is unavailable: {err}"))
         }
     }
 }

@@ -1,13 +1,22 @@
-//! The memory cache: encoded chunks kept in RAM, bounded by bytes, least recently used out first.
+//! Chunks in RAM: a byte-bounded LRU of encoded chunks ([`MemoryCache`]) and the chunk
+//! store built on it ([`MemoryStore`]).
 //!
-//! Used when the file cache is off or was refused (network filesystem, broken
-//! directory). Its chunks travel only over `do_get`.
+//! The store is used when the file cache is off or was refused (network filesystem,
+//! broken directory); its chunks travel only over `do_get`. A bare cache holds what the
+//! file cache could not take while its appends fail.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
+use tessera_proto::json::{CacheBackend, CacheStats};
+use tessera_segments::{EntryMeta, FileRange, Location, StoreError};
 
-use super::EncodedChunk;
+use super::store::{ChunkStore, FileAppend};
+use super::{EncodedChunk, Materialized};
+use crate::error::{ServiceError, ServiceResult};
+use crate::source::npy::NpyError;
 
 /// Counters the memory cache reports in `cache_stats`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -67,6 +76,11 @@ impl MemoryCache {
         Some(chunk)
     }
 
+    /// Whether `key` is held (its recency is left alone).
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.inner.lock().map.contains_key(key)
+    }
+
     /// Stores `chunk` under `key`, evicting the least recently used to fit.
     pub fn insert(&self, key: &[u8], chunk: EncodedChunk) {
         let size = chunk.len() as u64;
@@ -107,10 +121,149 @@ impl MemoryCache {
     }
 }
 
+/// The memory cache as a chunk store: nothing in it can be located by a client.
+pub struct MemoryStore {
+    cache: MemoryCache,
+    /// Why the file cache is not in use, what `chunk_locate` answers.
+    reason: String,
+    schema_header: Bytes,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl MemoryStore {
+    /// A store of at most `max_bytes` of chunks; `reason` says why chunks are kept in RAM.
+    pub fn new(max_bytes: u64, reason: String) -> ServiceResult<Self> {
+        let message = tessera_segments::ipc::schema_message()
+            .map_err(|e| ServiceError::Internal(format!("encoding the chunk schema: {e}")))?;
+        Ok(Self {
+            cache: MemoryCache::new(max_bytes),
+            reason,
+            schema_header: Bytes::from(strip_prefix(message)),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        })
+    }
+}
+
+impl ChunkStore for MemoryStore {
+    fn schema_header(&self) -> Bytes {
+        self.schema_header.clone()
+    }
+
+    fn read(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
+        let hit = self.cache.get(key);
+        let counter = if hit.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(hit)
+    }
+
+    fn contains(&self, key: &[u8]) -> bool {
+        self.cache.contains(key)
+    }
+
+    fn locate(&self, _key: &[u8]) -> Result<Option<Location>, String> {
+        Err(self.reason.clone())
+    }
+
+    /// RAM the reader may never claim is not filled ahead of it.
+    fn read_ahead_room(&self) -> Option<u64> {
+        None
+    }
+
+    /// Hands the encoded chunk back as well as keeping it, so the caller never depends on
+    /// it surviving a concurrent eviction.
+    fn append(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        data: &[u8],
+    ) -> Result<Materialized, StoreError> {
+        let chunk = encode_in_memory(key, meta, data).map_err(StoreError::from)?;
+        self.cache.insert(key, chunk.clone());
+        Ok(Materialized::InMemory(chunk))
+    }
+
+    /// RAM has no file to copy into: the caller reads the bytes.
+    fn append_from_file(
+        &self,
+        _key: &[u8],
+        _meta: &EntryMeta,
+        _src: FileRange<'_>,
+        _check: &dyn Fn() -> Result<(), NpyError>,
+    ) -> Option<FileAppend> {
+        None
+    }
+
+    fn stats(&self) -> CacheStats {
+        let mem = self.cache.stats();
+        CacheStats {
+            backend: CacheBackend::Memory,
+            total_entries: mem.entries,
+            total_bytes: mem.bytes,
+            max_entries: 0,
+            max_bytes: self.cache.max_bytes(),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: mem.evictions,
+            pending_waits: 0,
+            ref_held_evictions_skipped: 0,
+            oversized_skips: mem.oversized_skips,
+            unlinked_bytes: 0,
+            segments: 0,
+            locates: 0,
+            do_gets: 0,
+            budget_waits: 0,
+            budget_overruns: 0,
+            read_aheads: 0,
+            pinned_bytes: 0,
+            stalled_connections_closed: 0,
+            write_failures: 0,
+            disk_full_events: 0,
+            disk_ceiling_bytes: None,
+            writes_paused: None,
+        }
+    }
+
+    /// Nothing in RAM outlives the process.
+    fn close(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Drops the continuation marker and length in front of an encapsulated IPC
+/// message, leaving the flatbuffer metadata Flight puts in `data_header`.
+fn strip_prefix(mut message: Vec<u8>) -> Vec<u8> {
+    message.drain(..message.len().min(8));
+    message
+}
+
+/// Builds the chunk's IPC message in memory: one copy of the data into a fresh body.
+pub(super) fn encode_in_memory(
+    key: &[u8],
+    meta: &EntryMeta,
+    data: &[u8],
+) -> Result<EncodedChunk, tessera_segments::ipc::EncodeError> {
+    let layout =
+        tessera_segments::ipc::EntryBody::new(key, &meta.shape, &meta.dtype, data.len() as u64)?;
+    let header = layout.message(0, None)?;
+    let mut body = Vec::with_capacity(layout.len() as usize);
+    body.extend_from_slice(layout.prefix());
+    body.extend_from_slice(data);
+    body.extend_from_slice(layout.suffix());
+    Ok(EncodedChunk {
+        header: Bytes::from(strip_prefix(header)),
+        body: Bytes::from(body),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     fn chunk(n: usize) -> EncodedChunk {
         EncodedChunk {

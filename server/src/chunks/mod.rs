@@ -4,7 +4,7 @@
 //!  do_get / chunk_locate
 //!        │ chunk id (validated against the registry)
 //!        ▼
-//!  ChunkService ── hit ──▶ segment store (file cache)   or   memory cache
+//!  ChunkService ── hit ──▶ its ChunkStore: segment files (locatable) or RAM
 //!        │ miss
 //!        ▼ single flight: one decode per cold chunk, however many callers
 //!  contiguous range of a C-order source, under 2 MiB?
@@ -24,6 +24,10 @@
 //! mapping of the chunk faults once per 64 KiB; one large write gets 2 MiB folios, mapped
 //! with one fault per 2 MiB. A chunk is decoded once and read many times.
 //!
+//! The service never asks which store it has: [`ChunkStore`] answers reads, locates,
+//! appends and stats for both ([`SegmentFiles`], [`MemoryStore`]); a store that cannot do
+//! something (RAM cannot be mapped by a client, nor filled ahead of a reader) says so.
+//!
 //! A request that continues a walk over the grid (its neighbouring cell is cached or
 //! decoding) also queues background decodes of the next cells in that direction
 //! ([`readahead`]), through the same single flight and decode permits.
@@ -37,6 +41,7 @@ mod buffers;
 mod memory;
 mod readahead;
 mod single_flight;
+mod store;
 mod writes;
 
 use std::collections::HashSet;
@@ -45,8 +50,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tessera_proto::json::{CacheBackend, CacheStats};
-use tessera_segments::{EntryMeta, FileRange, Location, Store, StoreError};
+use tessera_proto::json::CacheStats;
+use tessera_segments::{EntryMeta, FileRange, Location, StoreError};
 use tokio::sync::Semaphore;
 
 use crate::chunk_id::ChunkId;
@@ -56,8 +61,10 @@ use crate::metrics::Metrics;
 use crate::source::npy::NpyError;
 use crate::source::registry::Tensor;
 use buffers::BufferPool;
-pub use memory::MemoryCache;
+use memory::MemoryCache;
+pub use memory::MemoryStore;
 use single_flight::SingleFlight;
+pub use store::{ChunkStore, FileAppend, SegmentFiles};
 use writes::Writes;
 
 /// One chunk as Arrow Flight sends it: the IPC message header (flatbuffer) and body.
@@ -81,23 +88,13 @@ impl EncodedChunk {
     }
 }
 
-/// Where decoded chunks are kept.
-pub enum Backend {
-    /// The segment store: chunks are locatable for mmap clients and served from the mapping.
-    File(Arc<Store>),
-    /// RAM only; `chunk_locate` answers unavailable. The reason says why (configured, or refused).
-    Memory {
-        /// Why the file cache is not in use, reported by `chunk_locate`.
-        reason: String,
-    },
-}
-
 /// The result of one materialization, shared by every caller of the single flight.
 #[derive(Clone)]
-enum Materialized {
-    /// Appended to the segment store.
+pub enum Materialized {
+    /// Kept in the chunk store: read it back from there.
     Stored,
-    /// Not in the store (memory backend, or the append failed): here are the bytes.
+    /// Here are the bytes (a RAM store hands them back; a failed append kept them in the
+    /// fallback).
     InMemory(EncodedChunk),
 }
 
@@ -117,8 +114,9 @@ const SPLICE_BELOW_BYTES: usize = 2 << 20;
 
 /// Decodes, caches and serves chunks.
 pub struct ChunkService {
-    backend: Backend,
-    memory: MemoryCache,
+    store: Arc<dyn ChunkStore>,
+    /// Chunks the store could not take while its appends fail, served over `do_get`.
+    fallback: MemoryCache,
     flight: SingleFlight<Result<Materialized, ServiceError>>,
     buffers: BufferPool,
     decode_permits: Semaphore,
@@ -127,10 +125,7 @@ pub struct ChunkService {
     settle_window: Duration,
     /// Keys queued for decoding ahead and not finished yet.
     queued_ahead: parking_lot::Mutex<HashSet<Vec<u8>>>,
-    schema_header: Bytes,
     writes: Writes,
-    memory_hits: AtomicU64,
-    memory_misses: AtomicU64,
     pending_waits: AtomicU64,
     locates: AtomicU64,
     do_gets: AtomicU64,
@@ -140,44 +135,31 @@ pub struct ChunkService {
 }
 
 impl ChunkService {
-    /// A service over `backend`, keeping at most `memory_bytes` of chunks in RAM
-    /// (the whole cache for the memory backend; the fallback for failed appends
-    /// otherwise) and decoding at most `max_decodes` chunks at once.
-    pub fn new(backend: Backend, memory_bytes: u64, max_decodes: usize) -> ServiceResult<Self> {
-        let schema_header = match &backend {
-            Backend::File(store) => store.schema_message(),
-            Backend::Memory { .. } => {
-                let message = tessera_segments::ipc::schema_message().map_err(|e| {
-                    ServiceError::Internal(format!("encoding the chunk schema: {e}"))
-                })?;
-                Bytes::from(strip_prefix(message))
-            }
-        };
-        Ok(Self {
-            backend,
-            memory: MemoryCache::new(memory_bytes),
+    /// A service keeping chunks in `store`, holding at most `fallback_bytes` of chunks in
+    /// RAM while the store's appends fail, and decoding at most `max_decodes` chunks at once.
+    pub fn new(store: Arc<dyn ChunkStore>, fallback_bytes: u64, max_decodes: usize) -> Self {
+        Self {
+            store,
+            fallback: MemoryCache::new(fallback_bytes),
             flight: SingleFlight::default(),
             buffers: BufferPool::new(max_decodes),
             decode_permits: Semaphore::new(max_decodes.max(1)),
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
-            schema_header,
             writes: Writes::default(),
-            memory_hits: AtomicU64::new(0),
-            memory_misses: AtomicU64::new(0),
             pending_waits: AtomicU64::new(0),
             locates: AtomicU64::new(0),
             do_gets: AtomicU64::new(0),
             read_aheads: AtomicU64::new(0),
             metrics: Metrics::default(),
-        })
+        }
     }
 
     /// Sets the read-ahead budget in bytes (0 turns read-ahead off). The default,
     /// [`DEFAULT_READ_AHEAD_BYTES`], lets cold sequential reads overlap decoding with
-    /// sending; the window never exceeds a quarter of the file cache, and the memory
-    /// backend does not read ahead (its cache is RAM the reader may never claim).
+    /// sending; the window never exceeds a quarter of the file cache, and a store without
+    /// room to read ahead into (RAM) does not read ahead.
     pub fn with_read_ahead(mut self, bytes: u64) -> Self {
         self.read_ahead_bytes = bytes;
         self
@@ -200,7 +182,7 @@ impl ChunkService {
 
     /// The flatbuffer header of the schema message that precedes every chunk on `do_get`.
     pub fn schema_header(&self) -> Bytes {
-        self.schema_header.clone()
+        self.store.schema_header()
     }
 
     /// The chunk's IPC message, decoding it first if it is cold.
@@ -236,15 +218,15 @@ impl ChunkService {
         tensor: &Arc<Tensor>,
         id: &ChunkId,
     ) -> ServiceResult<Result<Location, String>> {
-        let store = match &self.backend {
-            Backend::File(store) => store.clone(),
-            Backend::Memory { reason } => return Ok(Err(reason.clone())),
-        };
         let key = id.segment_key();
-        let found = match store.locate(&key) {
+        let held = match self.store.locate(&key) {
+            Ok(held) => held,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let found = match held {
             Some(location) => Some(location),
             None => match self.materialize(tensor, id, &key).await? {
-                Materialized::Stored => store.locate(&key),
+                Materialized::Stored => self.store.locate(&key).ok().flatten(),
                 Materialized::InMemory(_) => {
                     return Ok(Err(
                         "the file cache could not store this chunk (see server log)".to_string(),
@@ -271,7 +253,7 @@ impl ChunkService {
     /// Nothing is read ahead while appends fail: a chunk decoded ahead would only land in
     /// the memory fallback.
     fn read_ahead(self: &Arc<Self>, tensor: &Arc<Tensor>, id: &ChunkId) {
-        let Backend::File(store) = &self.backend else {
+        let Some(room) = self.store.read_ahead_room() else {
             return;
         };
         if self.writes.failing() {
@@ -280,13 +262,13 @@ impl ChunkService {
         let window = readahead::window_chunks(
             self.read_ahead_bytes,
             tensor.grid.chunk_bytes(tensor.itemsize()),
-            store.max_bytes(),
+            room,
         );
         let chunk_of = |region: &Region| ChunkId::new(id.array_id(), id.version(), region.clone());
         let present = |region: &Region| match chunk_of(region) {
             Ok(chunk) => {
                 let key = chunk.segment_key();
-                store.contains(&key)
+                self.store.contains(&key)
                     || self.flight.is_running(&key)
                     || self.queued_ahead.lock().contains(&key)
             }
@@ -314,25 +296,10 @@ impl ChunkService {
     }
 
     fn cached(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
-        if let Backend::File(store) = &self.backend {
-            let found = store
-                .read(key)
-                .map_err(|e| ServiceError::Internal(format!("segment store read failed: {e}")))?;
-            if let Some(entry) = found {
-                return Ok(Some(EncodedChunk {
-                    header: entry.header,
-                    body: entry.body,
-                }));
-            }
+        match self.store.read(key)? {
+            Some(chunk) => Ok(Some(chunk)),
+            None => Ok(self.fallback.get(key)),
         }
-        let hit = self.memory.get(key);
-        let counter = if hit.is_some() {
-            &self.memory_hits
-        } else {
-            &self.memory_misses
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Ok(hit)
     }
 
     async fn materialize(
@@ -409,19 +376,18 @@ impl ChunkService {
             tensor.file.check_no_writer()
         };
         let mut try_append = self.writes.should_try();
-        if let Backend::File(store) = &self.backend
-            && try_append
+        let started = std::time::Instant::now();
+        // One copy: source pages to segment pages inside the kernel, when the store can.
+        // The source is checked unchanged after the copy and before the entry is committed,
+        // so bytes of a file modified during the copy are never served under the old id.
+        if try_append
             && nbytes < SPLICE_BELOW_BYTES
             && let Some(src) = source_range(tensor, id)
+            && let Some(appended) = self.store.append_from_file(&key, &meta, src, &finished)
         {
-            // One copy: source pages to segment pages inside the kernel. The source is
-            // checked unchanged after the copy and before the entry is committed, so bytes
-            // of a file modified during the copy are never served under the old id.
-            let started = std::time::Instant::now();
-            let appended = store.append_from_file_checked(&key, &meta, src, finished);
             self.metrics.record_write(started.elapsed());
             match appended {
-                Ok(Ok(_)) => {
+                Ok(Ok(())) => {
                     self.writes.succeeded();
                     return Ok(Materialized::Stored);
                 }
@@ -448,22 +414,21 @@ impl ChunkService {
             .map_err(source_error)?;
         finished().map_err(source_error)?;
 
-        if let Backend::File(store) = &self.backend
-            && try_append
-        {
+        if try_append {
             let started = std::time::Instant::now();
-            let appended = store.append(&key, &meta, &[buffer.as_slice()]);
+            let appended = self.store.append(&key, &meta, buffer.as_slice());
             self.metrics.record_write(started.elapsed());
             match appended {
-                Ok(_) => {
+                Ok(kept) => {
                     self.writes.succeeded();
-                    return Ok(Materialized::Stored);
+                    return Ok(kept);
                 }
                 Err(err) => self.writes.failed(&err),
             }
         }
-        let chunk = encode_in_memory(&key, &meta, buffer.as_slice())?;
-        self.memory.insert(&key, chunk.clone());
+        let chunk = memory::encode_in_memory(&key, &meta, buffer.as_slice())
+            .map_err(|e| ServiceError::Internal(format!("encoding chunk message: {e}")))?;
+        self.fallback.insert(&key, chunk.clone());
         Ok(Materialized::InMemory(chunk))
     }
 
@@ -472,79 +437,21 @@ impl ChunkService {
         self.writes.paused()
     }
 
-    /// Counters for the `cache_stats` action.
+    /// Counters for the `cache_stats` action: the store's, with the service's own added.
     pub fn stats(&self) -> CacheStats {
-        let mem = self.memory.stats();
-        let hits = self.memory_hits.load(Ordering::Relaxed);
-        let misses = self.memory_misses.load(Ordering::Relaxed);
-        let pending = self.pending_waits.load(Ordering::Relaxed);
-        let locates = self.locates.load(Ordering::Relaxed);
-        let do_gets = self.do_gets.load(Ordering::Relaxed);
-        let read_aheads = self.read_aheads.load(Ordering::Relaxed);
-        match &self.backend {
-            Backend::File(store) => {
-                let s = store.stats();
-                CacheStats {
-                    backend: CacheBackend::File,
-                    total_entries: s.total_entries,
-                    total_bytes: s.total_bytes,
-                    max_entries: s.max_entries,
-                    max_bytes: s.max_bytes,
-                    hits: s.hits,
-                    misses: s.misses,
-                    evictions: s.evictions,
-                    pending_waits: s.pending_waits + pending,
-                    ref_held_evictions_skipped: s.ref_held_evictions_skipped,
-                    oversized_skips: s.oversized_skips,
-                    unlinked_bytes: s.unlinked_bytes,
-                    segments: s.segments,
-                    locates,
-                    do_gets,
-                    budget_waits: s.budget_waits,
-                    budget_overruns: s.budget_overruns,
-                    read_aheads,
-                    pinned_bytes: 0,
-                    stalled_connections_closed: 0,
-                    write_failures: self.writes.failures(),
-                    disk_full_events: s.disk_full_events,
-                    disk_ceiling_bytes: s.disk_ceiling,
-                    writes_paused: self.writes.paused(),
-                }
-            }
-            Backend::Memory { .. } => CacheStats {
-                backend: CacheBackend::Memory,
-                total_entries: mem.entries,
-                total_bytes: mem.bytes,
-                max_entries: 0,
-                max_bytes: self.memory.max_bytes(),
-                hits,
-                misses,
-                evictions: mem.evictions,
-                pending_waits: pending,
-                ref_held_evictions_skipped: 0,
-                oversized_skips: mem.oversized_skips,
-                unlinked_bytes: 0,
-                segments: 0,
-                locates,
-                do_gets,
-                budget_waits: 0,
-                budget_overruns: 0,
-                read_aheads,
-                pinned_bytes: 0,
-                stalled_connections_closed: 0,
-                write_failures: 0,
-                disk_full_events: 0,
-                disk_ceiling_bytes: None,
-                writes_paused: None,
-            },
-        }
+        let mut stats = self.store.stats();
+        stats.pending_waits += self.pending_waits.load(Ordering::Relaxed);
+        stats.locates = self.locates.load(Ordering::Relaxed);
+        stats.do_gets = self.do_gets.load(Ordering::Relaxed);
+        stats.read_aheads = self.read_aheads.load(Ordering::Relaxed);
+        stats.write_failures = self.writes.failures();
+        stats.writes_paused = self.writes.paused();
+        stats
     }
 
     /// Seals the open segments so the next start trusts their sidecars.
     pub fn close(&self) {
-        if let Backend::File(store) = &self.backend
-            && let Err(err) = store.close()
-        {
+        if let Err(err) = self.store.close() {
             tracing::error!(error = %err, "sealing the segment store failed");
         }
     }
@@ -568,31 +475,5 @@ fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
         file: tensor.file.file(),
         offset,
         len,
-    })
-}
-
-/// Drops the continuation marker and length in front of an encapsulated IPC
-/// message, leaving the flatbuffer metadata Flight puts in `data_header`.
-fn strip_prefix(mut message: Vec<u8>) -> Vec<u8> {
-    message.drain(..message.len().min(8));
-    message
-}
-
-/// Builds the chunk's IPC message in memory: one copy of the data into a fresh body.
-fn encode_in_memory(key: &[u8], meta: &EntryMeta, data: &[u8]) -> ServiceResult<EncodedChunk> {
-    let encode_error = |e: tessera_segments::ipc::EncodeError| {
-        ServiceError::Internal(format!("encoding chunk message: {e}"))
-    };
-    let layout =
-        tessera_segments::ipc::EntryBody::new(key, &meta.shape, &meta.dtype, data.len() as u64)
-            .map_err(encode_error)?;
-    let header = layout.message(0, None).map_err(encode_error)?;
-    let mut body = Vec::with_capacity(layout.len() as usize);
-    body.extend_from_slice(layout.prefix());
-    body.extend_from_slice(data);
-    body.extend_from_slice(layout.suffix());
-    Ok(EncodedChunk {
-        header: Bytes::from(strip_prefix(header)),
-        body: Bytes::from(body),
     })
 }

@@ -103,16 +103,14 @@ async fn not_found() -> (StatusCode, &'static str) {
 /// A service state over no sources and a memory cache of 1 MiB, recording into `metrics`.
 #[cfg(test)]
 fn test_state(metrics: &Metrics) -> Arc<ServiceState> {
-    use crate::chunks::{Backend, ChunkService};
+    use crate::chunks::{ChunkService, MemoryStore};
     use crate::source::npy::Limits;
     use crate::source::registry::{OpenOptions, Registry as Sources};
 
-    let backend = Backend::Memory {
-        reason: "test".to_string(),
+    let Ok(store) = MemoryStore::new(1 << 20, "test".to_string()) else {
+        panic!("a memory chunk store");
     };
-    let Ok(chunks) = ChunkService::new(backend, 1 << 20, 1) else {
-        panic!("a memory chunk service");
-    };
+    let chunks = ChunkService::new(Arc::new(store), 1 << 20, 1);
     let options = OpenOptions {
         limits: Limits::default(),
         target_chunk_bytes: 8 << 20,
