@@ -6,7 +6,8 @@
 //! listen = "127.0.0.1:8815"
 //! sources = ["/data/volumes", "/data/cells.npy"]
 //! token_file = "/etc/tessera/token"     # or: token = "…"
-//! chunk_target = "8MiB"
+//! chunk_target = "8MiB"                 # chunks of reads that travel the socket
+//! mapped_chunk_target = "64MiB"          # chunks of loopback reads that are mapped; "0": same grid
 //! read_ahead = "32MiB"                   # decode ahead of sequential readers; "0" turns it off
 //! settle_window = "1s"                   # sources touched this recently are waited for
 //! max_connections = 512                  # connections held at once; more are closed
@@ -45,7 +46,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
-use crate::grid::{DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
+use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::pins::PinLimits;
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::watch::DEFAULT_WATCH_INTERVAL;
@@ -152,6 +153,8 @@ pub struct ConfigFile {
     pub token_file: Option<PathBuf>,
     /// Target chunk size, as a size string.
     pub chunk_target: Option<String>,
+    /// Target chunk size of plans a local client maps, as a size string.
+    pub mapped_chunk_target: Option<String>,
     /// Read-ahead budget, as a size string.
     pub read_ahead: Option<String>,
     /// Stability window, as a duration string.
@@ -239,6 +242,11 @@ pub struct ServeArgs {
     /// Target chunk size below the 64MiB cap, e.g. 8MiB [default: 8MiB].
     #[arg(long, env = "TESSERA_CHUNK_TARGET", value_name = "SIZE")]
     pub chunk_target: Option<String>,
+    /// Target chunk size of plans for loopback clients while the file cache can be mapped:
+    /// fewer, larger chunks for the mmap route; 0 plans every read on --chunk-target's grid
+    /// [default: 64MiB].
+    #[arg(long, env = "TESSERA_MAPPED_CHUNK_TARGET", value_name = "SIZE")]
+    pub mapped_chunk_target: Option<String>,
     /// Bytes of chunks decoded ahead of a reader walking a tensor in order, e.g. 32MiB;
     /// 0 turns read-ahead off [default: 32MiB].
     #[arg(long, env = "TESSERA_READ_AHEAD", value_name = "SIZE")]
@@ -313,6 +321,9 @@ pub struct ServeConfig {
     pub token: Option<String>,
     /// Target chunk size.
     pub chunk_target: u64,
+    /// Target chunk size of plans mapped by local clients (0 or at most `chunk_target`:
+    /// the same grid for every route).
+    pub mapped_chunk_target: u64,
     /// Read-ahead budget in bytes (0: off).
     pub read_ahead_bytes: u64,
     /// Stability window of sources (see `--settle-window`).
@@ -361,6 +372,7 @@ impl ServeConfig {
             allow_network_cache: false,
             token: None,
             chunk_target: DEFAULT_TARGET_CHUNK_BYTES,
+            mapped_chunk_target: DEFAULT_MAPPED_CHUNK_BYTES,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -446,6 +458,15 @@ impl ServeConfig {
                 "chunk target {chunk_target} bytes is outside 1 byte ..= 64MiB"
             )));
         }
+        let mapped_chunk_target = match args.mapped_chunk_target.or(file.mapped_chunk_target) {
+            Some(s) => parse_size(&s)?,
+            None => DEFAULT_MAPPED_CHUNK_BYTES,
+        };
+        if mapped_chunk_target > MAX_CHUNK_BYTES {
+            return Err(ConfigError::Invalid(format!(
+                "mapped chunk target {mapped_chunk_target} bytes is over the 64MiB chunk cap"
+            )));
+        }
         let read_ahead_bytes = match args.read_ahead.or(file.read_ahead) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_READ_AHEAD_BYTES,
@@ -508,6 +529,7 @@ impl ServeConfig {
                 || cache_file.allow_network.unwrap_or(false),
             token,
             chunk_target,
+            mapped_chunk_target,
             read_ahead_bytes,
             settle_window,
             max_connections,

@@ -102,6 +102,7 @@ impl Daemon {
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
+            mapped_chunk_bytes: config.mapped_chunk_target,
         };
         let sources = config.sources();
         let watcher = config

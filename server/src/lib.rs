@@ -25,6 +25,7 @@ pub mod grid;
 pub mod listener;
 pub mod metrics;
 pub mod pins;
+pub mod route;
 pub mod scrape;
 pub mod source;
 pub mod state;

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
 
 use crate::metrics::{Metrics, OpenConnection};
 use crate::pins::{Connection, Pins};
@@ -135,6 +135,28 @@ pub struct Peer {
     pub tcp: TcpConnectInfo,
     /// The connection's ledger entry.
     pub connection: Arc<Connection>,
+}
+
+impl Peer {
+    /// The peer of a request, from its extensions (a plain or a TLS connection).
+    pub fn of(extensions: &tonic::codegen::http::Extensions) -> Option<&Peer> {
+        extensions.get::<Peer>().or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<Peer>>()
+                .map(TlsConnectInfo::get_ref)
+        })
+    }
+
+    /// Whether the peer connected from a loopback address (`127.0.0.0/8`, `::1`, or an
+    /// IPv4-mapped loopback address), i.e. it shares this machine's files.
+    pub fn is_loopback(&self) -> bool {
+        self.tcp.remote_addr().is_some_and(|addr| match addr.ip() {
+            std::net::IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+            ip => ip.is_loopback(),
+        })
+    }
 }
 
 impl Connected for Admitted {

@@ -12,6 +12,7 @@ use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
+use crate::route::{Route, RoutePlanner};
 use crate::source::registry::{OpenOptions, Registry, Tensor};
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
@@ -24,6 +25,7 @@ pub struct ServiceState {
     scan: ScanStatus,
     catalog: Catalog,
     pins: Arc<Pins>,
+    routes: RoutePlanner,
     metrics: Metrics,
 }
 
@@ -37,6 +39,7 @@ impl ServiceState {
             scan: ScanStatus::default(),
             catalog: Catalog::new(CatalogLimits::default()),
             pins: Pins::new(PinLimits::default()),
+            routes: RoutePlanner::default(),
             metrics: Metrics::default(),
         }
     }
@@ -118,8 +121,18 @@ impl ServiceState {
         self.sources.resolve(array_id)
     }
 
+    /// The grid a plan for a peer on loopback (or not) is cut on (see [`crate::route`]).
+    pub fn plan_route(&self, loopback: bool) -> Route {
+        self.routes.route(loopback, self.chunks.mappable())
+    }
+
+    /// A client asked where a chunk lives (`chunk_locate`): loopback plans may map again.
+    pub fn note_locate(&self) {
+        self.routes.note_locate();
+    }
+
     /// Decodes and validates a chunk id from a ticket: the tensor must exist, the
-    /// content version must be current, and the region must be one grid cell.
+    /// content version must be current, and the region must be a cell of one of its grids.
     pub fn resolve_chunk(&self, chunk_id: &[u8]) -> ServiceResult<(Arc<Tensor>, ChunkId)> {
         let id = ChunkId::decode(chunk_id)
             .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
@@ -130,7 +143,7 @@ impl ServiceState {
                 id.array_id()
             )));
         }
-        if !tensor.grid.is_cell(id.region()) {
+        if tensor.grid_of(id.region()).is_none() {
             return Err(ServiceError::InvalidArgument(format!(
                 "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
                 id.region().start,
@@ -142,9 +155,17 @@ impl ServiceState {
     }
 
     /// The IPC message of the chunk a ticket names, decoding it first if it is cold;
-    /// counted as served by do_get.
-    pub async fn encoded_chunk(&self, chunk_id: &[u8]) -> ServiceResult<EncodedChunk> {
+    /// counted as served by do_get. A loopback peer reading a chunk only the mapped grid
+    /// has is a local client that does not map: later loopback plans use the fine grid.
+    pub async fn encoded_chunk(
+        &self,
+        chunk_id: &[u8],
+        loopback: bool,
+    ) -> ServiceResult<EncodedChunk> {
         let (tensor, id) = self.resolve_chunk(chunk_id)?;
+        if loopback && !tensor.grid.is_cell(id.region()) {
+            self.routes.note_local_socket_read();
+        }
         let chunk = self.chunks.encoded(&tensor, &id).await?;
         self.metrics.record_do_get_bytes(chunk.len() as u64);
         Ok(chunk)

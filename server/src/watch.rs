@@ -135,14 +135,10 @@ fn held_identities(registry: &Registry) -> HashMap<PathBuf, FileIdentity> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::source::npy::Limits;
     use crate::source::registry::tests::npy;
 
     fn options() -> OpenOptions {
-        OpenOptions {
-            limits: Limits::default(),
-            target_chunk_bytes: 1 << 20,
-        }
+        OpenOptions::with_target(1 << 20)
     }
 
     #[test]

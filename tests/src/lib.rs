@@ -54,6 +54,9 @@ impl TestServer {
             "127.0.0.1:0".parse().unwrap(),
             cache_dir.path().join("cache"),
         );
+        // Scenarios count and bound the chunks of one grid; the daemon's coarser grid for
+        // loopback reads that map (docs/decisions/0015) is exercised where a scenario asks.
+        config.mapped_chunk_target = 0;
         configure(&mut config);
         let daemon = Daemon::bind(&config).await.expect("server starts");
         let addr = daemon.local_addr().unwrap();

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tessera_e2e::*;
 use tessera_server::catalog::{Catalog, CatalogError, CatalogLimits, Snapshot};
-use tessera_server::source::npy::Limits;
 use tessera_server::source::registry::{OpenOptions, Registry};
 
 /// A registry of `n` tiny tensors.
@@ -19,10 +18,7 @@ fn registry(dir: &std::path::Path, n: u64) -> Registry {
             &pattern(4, i),
         );
     }
-    let options = OpenOptions {
-        limits: Limits::default(),
-        target_chunk_bytes: 8 << 20,
-    };
+    let options = OpenOptions::with_target(8 << 20);
     let (registry, problems) = Registry::scan(&[dir.to_path_buf().into()], &options);
     assert!(problems.is_empty(), "{problems:?}");
     registry

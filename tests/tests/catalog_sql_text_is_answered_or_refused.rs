@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use tessera_e2e::*;
 use tessera_server::catalog::{Catalog, CatalogLimits, Snapshot};
-use tessera_server::source::npy::Limits;
 use tessera_server::source::registry::{OpenOptions, Registry};
 
 const WORDS: &[&str] = &[
@@ -146,10 +145,7 @@ fn registry(dir: &std::path::Path) -> Registry {
         );
     }
     std::fs::write(dir.join("bad.npy"), b"not a numpy file").unwrap();
-    let options = OpenOptions {
-        limits: Limits::default(),
-        target_chunk_bytes: 8 << 20,
-    };
+    let options = OpenOptions::with_target(8 << 20);
     Registry::scan(&[dir.to_path_buf().into()], &options).0
 }
 

@@ -166,6 +166,10 @@ impl ChunkStore for MemoryStore {
         self.cache.contains(key)
     }
 
+    fn mappable(&self) -> bool {
+        false
+    }
+
     fn locate(&self, _key: &[u8]) -> Result<Option<Location>, String> {
         Err(self.reason.clone())
     }

@@ -256,12 +256,16 @@ impl ChunkService {
         let Some(room) = self.store.read_ahead_room() else {
             return;
         };
+        // Ahead on the grid the request was planned on (socket or mapped).
+        let Some(grid) = tensor.grid_of(id.region()) else {
+            return;
+        };
         if self.writes.failing() {
             return;
         }
         let window = readahead::window_chunks(
             self.read_ahead_bytes,
-            tensor.grid.chunk_bytes(tensor.itemsize()),
+            grid.chunk_bytes(tensor.itemsize()),
             room,
         );
         let chunk_of = |region: &Region| ChunkId::new(id.array_id(), id.version(), region.clone());
@@ -274,7 +278,7 @@ impl ChunkService {
             }
             Err(_) => true,
         };
-        for region in readahead::cells_ahead(&tensor.grid, id.region(), window, present) {
+        for region in readahead::cells_ahead(grid, id.region(), window, present) {
             let Ok(next) = chunk_of(&region) else {
                 continue;
             };
@@ -430,6 +434,12 @@ impl ChunkService {
             .map_err(|e| ServiceError::Internal(format!("encoding chunk message: {e}")))?;
         self.fallback.insert(&key, chunk.clone());
         Ok(Materialized::InMemory(chunk))
+    }
+
+    /// Whether a local client can map chunks now: the store keeps them in files and its
+    /// appends are not failing (a chunk that cannot be stored cannot be located).
+    pub fn mappable(&self) -> bool {
+        self.store.mappable() && !self.writes.failing()
     }
 
     /// While file cache writes fail: what failed and when they are tried next.

@@ -28,6 +28,9 @@ pub trait ChunkStore: Send + Sync {
     /// Whether `key` is held, without counting a hit or a miss (read-ahead asks this).
     fn contains(&self, key: &[u8]) -> bool;
 
+    /// Whether clients on this machine can map what the store keeps.
+    fn mappable(&self) -> bool;
+
     /// Where the chunk under `key` lives in a segment file (`Ok(None)` when not held);
     /// `Err(reason)` when this store keeps nothing a client could map.
     fn locate(&self, key: &[u8]) -> Result<Option<Location>, String>;
@@ -89,6 +92,10 @@ impl ChunkStore for SegmentFiles {
 
     fn contains(&self, key: &[u8]) -> bool {
         self.store.contains(key)
+    }
+
+    fn mappable(&self) -> bool {
+        true
     }
 
     fn locate(&self, key: &[u8]) -> Result<Option<Location>, String> {
@@ -203,6 +210,7 @@ mod tests {
         assert_eq!(bodies[0], bodies[1], "same schema and body size");
         assert!(files.locate(b"k").unwrap().is_some());
         assert_eq!(memory.locate(b"k").unwrap_err(), "configured");
+        assert!(files.mappable() && !memory.mappable());
         assert!(files.read_ahead_room().is_some());
         assert!(memory.read_ahead_room().is_none());
         assert_eq!(files.stats().total_entries, 1);

@@ -27,6 +27,10 @@ pub fn render(config: &ServeConfig) -> String {
         Value::String(format_size(config.chunk_target)),
     );
     top.insert(
+        "mapped_chunk_target".into(),
+        Value::String(format_size(config.mapped_chunk_target)),
+    );
+    top.insert(
         "read_ahead".into(),
         Value::String(format_size(config.read_ahead_bytes)),
     );

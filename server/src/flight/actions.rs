@@ -87,6 +87,7 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
     Ok(match state.chunks().locate(&tensor, &id).await? {
         Ok(location) => {
             state.metrics().record_located_bytes(location.byte_length);
+            state.note_locate();
             ChunkLocateReply::located(
                 location.segment_path.display().to_string(),
                 location.byte_offset,

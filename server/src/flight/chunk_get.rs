@@ -136,10 +136,9 @@ enum Routed {
 
 async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>) -> Routed {
     let (mut parts, body) = request.into_parts();
-    let connection = parts
-        .extensions
-        .get::<Peer>()
-        .map(|peer| Arc::clone(&peer.connection));
+    let peer = Peer::of(&parts.extensions);
+    let connection = peer.map(|peer| Arc::clone(&peer.connection));
+    let loopback = peer.is_some_and(Peer::is_loopback);
     let bytes = match read_request(body, limit).await {
         Ok(bytes) => bytes,
         Err(status) => return Routed::Answer(status.into_http()),
@@ -168,7 +167,7 @@ async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>)
             return Routed::Answer(Status::from(refusal).into_http());
         }
     };
-    match state.encoded_chunk(&chunk_id).await {
+    match state.encoded_chunk(&chunk_id, loopback).await {
         Ok(chunk) => {
             // Replies on connections of the accept loop are registered in the state's ledger
             // while the peer has not read them.

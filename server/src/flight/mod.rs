@@ -38,6 +38,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog;
 use crate::error::{ServiceError, ServiceResult};
+use crate::listener::Peer;
+use crate::route::Route;
 use crate::source::registry::Tensor;
 use crate::source::sources::check_array_id_len;
 use crate::state::ServiceState;
@@ -63,14 +65,25 @@ impl TesseraFlight {
         Self { state }
     }
 
-    fn plan_descriptor(&self, descriptor: &FlightDescriptor) -> ServiceResult<FlightInfo> {
+    /// The route of a plan asked for by `request`'s peer.
+    fn route_of<T>(&self, request: &Request<T>) -> Route {
+        let loopback = Peer::of(request.extensions()).is_some_and(Peer::is_loopback);
+        self.state.plan_route(loopback)
+    }
+
+    /// Plans the read a descriptor asks for, on the grid of `route`.
+    fn plan_descriptor(
+        &self,
+        descriptor: &FlightDescriptor,
+        route: Route,
+    ) -> ServiceResult<FlightInfo> {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
                 let request = decode_flight_request(&descriptor.cmd).map_err(|e| {
                     ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}"))
                 })?;
                 let tensor = self.state.resolve(&request.array_id)?;
-                plan::plan(&tensor, &request, &request.encode_to_vec())
+                plan::plan(&tensor, &request, &request.encode_to_vec(), route)
             }
             DescriptorType::Path => {
                 let [name] = descriptor.path.as_slice() else {
@@ -88,7 +101,7 @@ impl TesseraFlight {
                     array_id: name.clone(),
                     ..Default::default()
                 };
-                let info = plan::plan(&tensor, &request, &request.encode_to_vec())?;
+                let info = plan::plan(&tensor, &request, &request.encode_to_vec(), route)?;
                 Ok(info.with_descriptor(descriptor.clone()))
             }
             DescriptorType::Unknown => Err(ServiceError::InvalidArgument(
@@ -122,8 +135,9 @@ impl FlightService for TesseraFlight {
 
     async fn list_flights(
         &self,
-        _request: Request<Criteria>,
+        request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let route = self.route_of(&request);
         let tensors: Vec<Arc<Tensor>> = self.state.sources().read().tensors().cloned().collect();
         let mut infos = catalog::wire::table_flight_infos()?;
         infos.reserve(tensors.len());
@@ -132,7 +146,7 @@ impl FlightService for TesseraFlight {
                 array_id: tensor.array_id.clone(),
                 ..Default::default()
             };
-            let info = plan::plan(&tensor, &request, &request.encode_to_vec())?
+            let info = plan::plan(&tensor, &request, &request.encode_to_vec(), route)?
                 .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
             infos.push(info);
         }
@@ -143,15 +157,19 @@ impl FlightService for TesseraFlight {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Ok(Response::new(self.plan_descriptor(request.get_ref())?))
+        let route = self.route_of(&request);
+        Ok(Response::new(
+            self.plan_descriptor(request.get_ref(), route)?,
+        ))
     }
 
     async fn poll_flight_info(
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
+        let route = self.route_of(&request);
         let descriptor = request.into_inner();
-        let info = self.plan_descriptor(&descriptor)?;
+        let info = self.plan_descriptor(&descriptor, route)?;
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
         ))
@@ -163,7 +181,7 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<SchemaResult>, Status> {
         // The plan's schema (a catalog table's for `["sources"]`/`["tensors"]`),
         // already in the IPC form GetSchema returns.
-        let info = self.plan_descriptor(request.get_ref())?;
+        let info = self.plan_descriptor(request.get_ref(), Route::Socket)?;
         Ok(Response::new(SchemaResult {
             schema: info.schema,
         }))

@@ -8,7 +8,9 @@
 //!   `[req.start − real.start, req.stop − real.start)`.
 //!
 //! The realized region is the request snapped outward to the chunk grid, so
-//! every slice of a tensor reuses the same cached chunks.
+//! every slice of a tensor reuses the same cached chunks. The grid is the one of the
+//! plan's route ([`Route`]): the coarse grid for a loopback client that will map the
+//! chunks, the fine grid for the socket.
 
 use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use prost::Message;
@@ -16,7 +18,8 @@ use tessera_proto::pb::{ChunkBounds, PyramidLevel, SliceHint, TensorDescriptor, 
 
 use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
-use crate::grid::Region;
+use crate::grid::{ChunkGrid, Region};
+use crate::route::Route;
 use crate::source::registry::Tensor;
 
 /// Optional parts of the reply a request's field mask selects.
@@ -95,18 +98,29 @@ fn check_scale(tensor: &Tensor, request: &TensorReadOption) -> ServiceResult<()>
     )))
 }
 
-/// Builds the FlightInfo answering `request` (whose serialized bytes are `request_bytes`).
+/// The grid a plan on `route` is cut on.
+fn grid_for(tensor: &Tensor, route: Route) -> &ChunkGrid {
+    match route {
+        Route::Mapped => &tensor.mapped_grid,
+        Route::Socket => &tensor.grid,
+    }
+}
+
+/// Builds the FlightInfo answering `request` (whose serialized bytes are `request_bytes`),
+/// cut on the grid of `route`.
 pub fn plan(
     tensor: &Tensor,
     request: &TensorReadOption,
     request_bytes: &[u8],
+    route: Route,
 ) -> ServiceResult<FlightInfo> {
     check_scale(tensor, request)?;
+    let grid = grid_for(tensor, route);
     let mask = Mask::from_request(request);
     let requested = requested_region(tensor, request.slice_hint.as_ref())?;
     let whole = Region::whole(tensor.shape());
     let realized = match &requested {
-        Some(region) => tensor.grid.snap(region).map_err(|e| {
+        Some(region) => grid.snap(region).map_err(|e| {
             ServiceError::InvalidArgument(format!("slice of '{}': {e}", tensor.array_id))
         })?,
         None => whole,
@@ -122,7 +136,7 @@ pub fn plan(
         array_id: request.array_id.clone(),
         dim_labels: tensor.dim_labels.clone(),
         shape: to_i64(&realized_shape),
-        chunk_shape: to_i64(tensor.grid.chunk_shape()),
+        chunk_shape: to_i64(grid.chunk_shape()),
         dtype: tensor.dtype_str(),
         slice_hint,
         metadata_json: if mask.metadata_json {
@@ -152,14 +166,18 @@ pub fn plan(
         .with_total_records(-1)
         .with_total_bytes(-1);
     if mask.endpoints {
-        info = info.with_endpoints(endpoints(tensor, &realized)?);
+        info = info.with_endpoints(endpoints(tensor, grid, &realized)?);
     }
     Ok(info)
 }
 
-/// One endpoint per grid cell of the realized region, in C order.
-pub fn endpoints(tensor: &Tensor, realized: &Region) -> ServiceResult<Vec<FlightEndpoint>> {
-    let cells = tensor.grid.cells(realized).map_err(|e| {
+/// One endpoint per cell of `grid` in the realized region, in C order.
+pub fn endpoints(
+    tensor: &Tensor,
+    grid: &ChunkGrid,
+    realized: &Region,
+) -> ServiceResult<Vec<FlightEndpoint>> {
+    let cells = grid.cells(realized).map_err(|e| {
         ServiceError::InvalidArgument(format!("region of '{}': {e}", tensor.array_id))
     })?;
     cells

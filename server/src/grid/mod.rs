@@ -63,6 +63,10 @@ pub const MAX_CHUNK_BYTES: u64 = 67_108_864;
 /// The default target chunk size: 8 MiB.
 pub const DEFAULT_TARGET_CHUNK_BYTES: u64 = 8 << 20;
 
+/// Default target of the grid a local client maps: the cap, so a read is a few mappings
+/// and a few dask tasks instead of one per 8 MiB (docs/decisions/0015).
+pub const DEFAULT_MAPPED_CHUNK_BYTES: u64 = MAX_CHUNK_BYTES;
+
 /// The largest number of axes a grid (and a chunk id) supports.
 pub const MAX_RANK: usize = 32;
 

@@ -104,17 +104,13 @@ async fn not_found() -> (StatusCode, &'static str) {
 #[cfg(test)]
 fn test_state(metrics: &Metrics) -> Arc<ServiceState> {
     use crate::chunks::{ChunkService, MemoryStore};
-    use crate::source::npy::Limits;
     use crate::source::registry::{OpenOptions, Registry as Sources};
 
     let Ok(store) = MemoryStore::new(1 << 20, "test".to_string()) else {
         panic!("a memory chunk store");
     };
     let chunks = ChunkService::new(Arc::new(store), 1 << 20, 1);
-    let options = OpenOptions {
-        limits: Limits::default(),
-        target_chunk_bytes: 8 << 20,
-    };
+    let options = OpenOptions::with_target(8 << 20);
     let chunks = Arc::new(chunks.with_metrics(metrics.clone()));
     Arc::new(ServiceState::new(Sources::default(), options, chunks).with_metrics(metrics.clone()))
 }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::chunk_id::ContentVersion;
-use crate::grid::{ChunkGrid, default_dim_labels};
+use crate::grid::{ChunkGrid, Region, default_dim_labels};
 use crate::source::npy::{FileIdentity, Limits, NpyError, NpyFile};
 
 /// One served tensor: an opened `.npy` file with its chunk grid.
@@ -37,8 +37,12 @@ pub struct Tensor {
     pub source_id: String,
     /// The opened file.
     pub file: NpyFile,
-    /// The chunk grid the tensor is cut into.
+    /// The chunk grid of reads that travel the socket (`--chunk-target`).
     pub grid: ChunkGrid,
+    /// The coarser grid of reads a local client maps (`--mapped-chunk-target`; the same
+    /// cells as `grid` when both targets cut the tensor alike). Cells of the two grids are
+    /// different chunks with ids of their own (docs/decisions/0015).
+    pub mapped_grid: ChunkGrid,
     /// Axis labels reported to clients.
     pub dim_labels: Vec<String>,
     /// The file's content version at open time; part of every chunk id.
@@ -58,6 +62,7 @@ impl Tensor {
             "dtype": self.dtype_str(),
             "shape": self.shape(),
             "chunk_shape": self.grid.chunk_shape(),
+            "mapped_chunk_shape": self.mapped_grid.chunk_shape(),
         })
         .to_string()
     }
@@ -75,6 +80,14 @@ impl Tensor {
     /// The tensor's shape.
     pub fn shape(&self) -> &[u64] {
         &self.file.header().shape
+    }
+
+    /// The grid `cell` is a cell of (the socket grid first), or `None` when it is a cell
+    /// of neither.
+    pub fn grid_of(&self, cell: &Region) -> Option<&ChunkGrid> {
+        [&self.grid, &self.mapped_grid]
+            .into_iter()
+            .find(|grid| grid.is_cell(cell))
     }
 }
 
@@ -139,6 +152,20 @@ pub struct OpenOptions {
     pub limits: Limits,
     /// Target chunk size in bytes (clamped to the 64 MiB cap by the grid).
     pub target_chunk_bytes: u64,
+    /// Target chunk size of the grid for mapped reads; at most the target above has no
+    /// effect (both plans use the same grid).
+    pub mapped_chunk_bytes: u64,
+}
+
+impl OpenOptions {
+    /// Default limits, chunks cut at `target_chunk_bytes` for every route.
+    pub fn with_target(target_chunk_bytes: u64) -> Self {
+        Self {
+            limits: Limits::default(),
+            target_chunk_bytes,
+            mapped_chunk_bytes: target_chunk_bytes,
+        }
+    }
 }
 
 /// A candidate file with the id it should get.
@@ -392,13 +419,17 @@ fn open_tensor(
 ) -> Result<Tensor, String> {
     let file = NpyFile::open(path, &options.limits).map_err(|e| refusal(path, &e))?;
     let header = file.header();
-    let grid = ChunkGrid::plan(
-        &header.shape,
-        header.dtype.itemsize as u64,
-        header.fortran_order,
-        options.target_chunk_bytes,
-    )
-    .map_err(|e| format!("{}: {e}", path.display()))?;
+    let plan_grid = |target: u64| {
+        ChunkGrid::plan(
+            &header.shape,
+            header.dtype.itemsize as u64,
+            header.fortran_order,
+            target,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let grid = plan_grid(options.target_chunk_bytes)?;
+    let mapped_grid = plan_grid(options.mapped_chunk_bytes.max(options.target_chunk_bytes))?;
     let identity = file.identity();
     let version = ContentVersion {
         dev: identity.dev,
@@ -423,6 +454,7 @@ fn open_tensor(
         source_id: id.to_string(),
         file,
         grid,
+        mapped_grid,
         dim_labels,
         version,
     })
@@ -570,10 +602,7 @@ pub(crate) mod tests {
     }
 
     fn options() -> OpenOptions {
-        OpenOptions {
-            limits: Limits::default(),
-            target_chunk_bytes: 1 << 20,
-        }
+        OpenOptions::with_target(1 << 20)
     }
 
     fn spec(path: &Path, id: Option<&str>, labels: Option<&[&str]>) -> SourceSpec {

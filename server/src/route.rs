@@ -1,0 +1,137 @@
+//! Which grid a plan is cut on (docs/decisions/0015).
+//!
+//! A read a local client maps costs it one `chunk_locate`, one mapping and one dask task
+//! per chunk, so it wants few, large chunks; a read that travels the socket wants chunks
+//! small enough to pipeline. The server plans by what it knows at GetFlightInfo:
+//!
+//! ```text
+//!  peer on loopback ── and the file cache can be mapped (file store, appends healthy)
+//!        │                 └─ and no loopback client read a mapped-grid chunk by DoGet
+//!        │                    within the last LEARN_WINDOW (it forces the socket), or
+//!        │                    a `chunk_locate` came after that read (a client maps again)
+//!        ▼ yes                                               ▼ otherwise
+//!  Route::Mapped: the coarse grid                      Route::Socket: the fine grid
+//! ```
+//!
+//! Both grids are cut by the same contiguity-first rule and their cells are different
+//! chunks (ids name absolute bounds), so a chunk id still names the same bytes forever;
+//! the segment store evicts by use, so the grid nobody reads ages out of the cache.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// How long one loopback DoGet of a mapped-grid chunk keeps loopback plans on the fine
+/// grid, unless a `chunk_locate` comes after it: a client that forces the socket plans
+/// again within seconds, while a mapping client moves plans back with its next locate.
+pub const LEARN_WINDOW: Duration = Duration::from_secs(60);
+
+/// The grid a plan is cut on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The client will map the chunks: the coarse grid (`Tensor::mapped_grid`).
+    Mapped,
+    /// The chunks travel the socket: the fine grid (`Tensor::grid`).
+    Socket,
+}
+
+/// Picks the route of each plan and learns from loopback readers that do not map.
+#[derive(Debug)]
+pub struct RoutePlanner {
+    window: Duration,
+    /// What loopback clients did last: when one read a mapped-grid chunk over DoGet,
+    /// and whether a `chunk_locate` came after it.
+    learned: Mutex<Learned>,
+}
+
+#[derive(Debug, Default)]
+struct Learned {
+    last_local_socket_read: Option<Instant>,
+    located_since: bool,
+}
+
+impl Default for RoutePlanner {
+    fn default() -> Self {
+        Self::new(LEARN_WINDOW)
+    }
+}
+
+impl RoutePlanner {
+    /// A planner that remembers a loopback socket reader for `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            learned: Mutex::new(Learned::default()),
+        }
+    }
+
+    /// The route of a plan for a peer that is (or is not) on loopback, with a file cache
+    /// that can (or cannot) be mapped now.
+    pub fn route(&self, loopback: bool, mappable: bool) -> Route {
+        if !(loopback && mappable) {
+            return Route::Socket;
+        }
+        let learned = self.learned.lock();
+        let socket_reader = !learned.located_since
+            && learned
+                .last_local_socket_read
+                .is_some_and(|at| at.elapsed() < self.window);
+        if socket_reader {
+            Route::Socket
+        } else {
+            Route::Mapped
+        }
+    }
+
+    /// A loopback client fetched a chunk of the mapped grid over DoGet: it does not map.
+    pub fn note_local_socket_read(&self) {
+        let mut learned = self.learned.lock();
+        learned.last_local_socket_read = Some(Instant::now());
+        learned.located_since = false;
+    }
+
+    /// A client asked where a chunk lives: it maps.
+    pub fn note_locate(&self) {
+        let mut learned = self.learned.lock();
+        if learned.last_local_socket_read.is_some() {
+            learned.located_since = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_with_a_mappable_cache_get_the_mapped_grid() {
+        let planner = RoutePlanner::default();
+        assert_eq!(planner.route(true, true), Route::Mapped);
+        assert_eq!(planner.route(false, true), Route::Socket);
+        assert_eq!(planner.route(true, false), Route::Socket);
+    }
+
+    #[test]
+    fn a_loopback_socket_reader_moves_loopback_plans_to_the_fine_grid_for_a_while() {
+        let planner = RoutePlanner::new(Duration::from_millis(100));
+        planner.note_local_socket_read();
+        assert_eq!(planner.route(true, true), Route::Socket);
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(planner.route(true, true), Route::Mapped);
+    }
+
+    #[test]
+    fn a_locate_after_the_socket_read_moves_plans_back_at_once() {
+        let planner = RoutePlanner::default();
+        planner.note_local_socket_read();
+        assert_eq!(planner.route(true, true), Route::Socket);
+        planner.note_locate();
+        assert_eq!(planner.route(true, true), Route::Mapped);
+        planner.note_local_socket_read();
+        assert_eq!(
+            planner.route(true, true),
+            Route::Socket,
+            "the last behaviour wins"
+        );
+    }
+}
