@@ -22,6 +22,12 @@ Usage (from the repository root)::
     .venv/bin/python benches/run.py --quick         # skips the big volume, fewer cold reps
     .venv/bin/python benches/run.py --sweep 4MiB,8MiB,16MiB,32MiB --no-doc
     .venv/bin/python benches/run.py --criterion     # also runs the segments criterion benches
+    .venv/bin/python benches/run.py --reference     # also biopb's own server (0.13.0), same bytes, same run
+
+``--reference`` installs biopb-tensor-server 0.13.0 into benches/reference/.venv on first
+use (benches/reference/setup.sh), writes w256 and w64 as uncompressed zarr v2 arrays next
+to the workloads, and measures that server with the same client workers: its rows sit
+beside Tessera's with the ratio Tessera / reference.
 """
 from __future__ import annotations
 
@@ -46,6 +52,9 @@ sys.path.insert(0, str(ROOT / "tests" / "support" / "python"))
 from tessera_launcher import TesseraProcess  # noqa: E402
 MiB = 1 << 20
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Label suffix of the rows measured on biopb's own server (--reference).
+REF_SUFFIX = " (biopb server)"
+REF_NAMES = ("w256", "w64")
 
 # Issue 7's targets, keyed like the rows of the results table.
 TARGETS = {
@@ -127,16 +136,8 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-class Server(TesseraProcess):
-    """A running release `tessera serve` on 127.0.0.1:0 with its own cache directory."""
-
-    def __init__(self, binary, paths, cache_dir, extra=()):
-        self.cache_dir = pathlib.Path(cache_dir)
-        super().__init__(
-            binary,
-            [*paths, "--cache-dir", cache_dir, "--cache-max-bytes", "16GiB", *extra],
-            start_timeout=120,
-        )
+class ProcStats:
+    """CPU time and memory of the process `self.pid`, from /proc."""
 
     def cpu_seconds(self) -> float:
         return process_cpu_seconds(self.pid)
@@ -154,6 +155,18 @@ class Server(TesseraProcess):
             if len(parts) >= 2 and parts[1].isdigit():
                 out[parts[0].rstrip(":")] = int(parts[1])
         return out
+
+
+class Server(ProcStats, TesseraProcess):
+    """A running release `tessera serve` on 127.0.0.1:0 with its own cache directory."""
+
+    def __init__(self, binary, paths, cache_dir, extra=()):
+        self.cache_dir = pathlib.Path(cache_dir)
+        super().__init__(
+            binary,
+            [*paths, "--cache-dir", cache_dir, "--cache-max-bytes", "16GiB", *extra],
+            start_timeout=120,
+        )
 
 
 class MemorySampler:
@@ -225,6 +238,28 @@ def worker_main(job: dict) -> None:
                 want = np.load(path, mmap_mode="r")
                 if got.shape != want.shape or not np.array_equal(got, want):
                     raise SystemExit(f"tensor {i} read back different bytes")
+        if job.get("count_paths"):
+            # Which path the client took (for a server without Tessera's counters): one
+            # more untimed read, counting the client's chunk_locate attempts and the
+            # chunks they served by mmap. Never active while the clock runs.
+            from biopb.tensor import _pool
+
+            original = _pool._try_cachefile_transfer
+            counts = {"locate_calls": 0, "mmap_chunks": 0}
+
+            def counting(*a, **k):
+                counts["locate_calls"] += 1
+                got = original(*a, **k)
+                counts["mmap_chunks"] += got is not None
+                return got
+
+            _pool._try_cachefile_transfer = counting
+            try:
+                for i in ids:
+                    client.get_tensor(i).compute()
+            finally:
+                _pool._try_cachefile_transfer = original
+            out.update(counts)
         # A cold read measures the server's cold path, not this process's first-call costs
         # (imports, thread pools, allocator arenas, the connection): read another tensor
         # first, then drop the page cache from here, just before the clock starts.
@@ -285,6 +320,19 @@ def worker_main(job: dict) -> None:
         c = flight.FlightClient(job["location"])
         out["ids"] = sorted(
             f.descriptor.path[0].decode() if f.descriptor.path else "" for f in c.list_flights())
+    elif kind == "catalog":
+        # biopb's server names a source by a hash of its url: read them from its catalog,
+        # and plan each to be sure the source id addresses the tensor.
+        client = TensorFlightClient(job["location"], cache_bytes=0)
+        rows = client.query("SELECT source_id, source_url FROM sources", format="records")
+        out["sources"] = []
+        for r in rows:
+            entry = {"source_id": r["source_id"], "source_url": r["source_url"]}
+            try:
+                entry["shape"] = list(client.get_tensor(r["source_id"]).shape)
+            except Exception as e:  # e.g. the scratch source
+                entry["error"] = str(e)[:200]
+            out["sources"].append(entry)
     print(json.dumps(out))
 
 
@@ -465,6 +513,181 @@ def measure_cold(binary, files, name, mode, reps, work, results, extra=()):
           f"  (page cache {'dropped' if dropped else 'NOT dropped'})", flush=True)
 
 
+# --------------------------------------------------------------------------- reference
+
+
+def reference_module():
+    """benches/reference/biopb_reference.py: install, zarr writer, server launcher."""
+    here = str(ROOT / "benches" / "reference")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import biopb_reference
+
+    return biopb_reference
+
+
+def start_reference(ref, binary, data, scratch, cache):
+    """A fresh biopb server (scratch and cache emptied) with run.py's /proc readings."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    cls = type("ReferenceProcess", (ProcStats, ref.ReferenceServer), {})
+    return cls(binary, data, scratch, cache, min_sources=len(REF_NAMES))
+
+
+def reference_ids(server, files, tries=20) -> dict:
+    """{workload name: array id} from the server's catalog (ids are hashes of the url)."""
+    import numpy as np
+
+    want = {n: tuple(np.load(files[n], mmap_mode="r").shape) for n in REF_NAMES}
+    for _ in range(tries):
+        sources = run_worker({"kind": "catalog", "location": server.location})["sources"]
+        ids = {}
+        for n in REF_NAMES:
+            for src in sources:
+                url = (src.get("source_url") or "").rstrip("/")
+                if url.endswith(f"/{n}.zarr") and tuple(src.get("shape") or ()) == want[n]:
+                    ids[n] = src["source_id"]
+        if len(ids) == len(REF_NAMES):
+            return ids
+        time.sleep(0.5)
+    raise RuntimeError(f"biopb server does not list {sorted(set(REF_NAMES) - set(ids))}: {sources}\n"
+                       + server.log_tail())
+
+
+def measure_reads_reference(server, name, array_id, path, mode, reps, results):
+    """Warm reads on biopb's server, as `measure_reads` does for Tessera's: one verified
+    untimed read, one untimed read that counts the client's chunk_locate attempts and mmap
+    hits (that server has no locate counter), then `reps` timed reads."""
+    v = run_worker({"kind": "read", "location": server.location, "ids": [array_id],
+                    "paths": [str(path)], "mode": mode, "reps": 0, "verify": True,
+                    "count_paths": True})
+    label = f"{name} warm {mode}{REF_SUFFIX}"
+    if mode == "mmap" and v["mmap_chunks"] == 0:
+        raise RuntimeError(f"{label}: the mmap fast path was not used ({v})")
+    if mode == "mmap" and v["mmap_chunks"] < v["locate_calls"]:
+        print(f"  {label}: only {v['mmap_chunks']} of {v['locate_calls']} chunks came by mmap", flush=True)
+    if mode == "doget" and v["locate_calls"] != 0:
+        raise RuntimeError(f"{label}: do_get mode used chunk_locate")
+    cpu0 = server.cpu_seconds()
+    with MemorySampler(server) as mem:
+        r = run_worker({"kind": "read", "location": server.location, "ids": [array_id], "mode": mode,
+                        "reps": reps})
+    cpu = (server.cpu_seconds() - cpu0) / max(reps, 1)
+    row = {"times": r["times"], "cpu": cpu, "private_kib": mem.private, "anon_kib": mem.anon,
+           "client_cpu": r.get("client_cpu"), "client_minflt": r.get("client_minflt"),
+           "locate_calls": v["locate_calls"], "mmap_chunks": v["mmap_chunks"]}
+    results[label] = row
+    print(f"  {label:28s} median {median(r['times']) * 1e3:8.1f} ms  server CPU {cpu * 1e3:7.1f} ms/read"
+          f"  private {mem.private / 1024:6.1f} MiB  anon {mem.anon / 1024:6.1f} MiB"
+          f"  client CPU {r['client_cpu'] * 1e3:7.1f} ms/read, {r['client_minflt']:.0f} faults/read", flush=True)
+    return row
+
+
+def measure_cold_reference(ref, binary, data, ids, name, mode, reps, work, results):
+    """Cold reads on biopb's server, as `measure_cold` does for Tessera's: a new server
+    (empty file cache, empty catalog) per repetition; the client reads the other tensor,
+    drops the page cache, plans, and times the read. Server CPU is that of the timed read."""
+    times, cpus, privs, anons, hwms, ready = [], [], [], [], [], []
+    dropped = True
+    warmup = "w64" if name != "w64" else "w256"
+    scratch, cache = work / "ref-cold", work / "ref-cold-cache"
+    for _ in range(reps):
+        server = start_reference(ref, binary, data, scratch, cache)
+        try:
+            ready.append(server.ready_seconds)
+            with MemorySampler(server) as mem:
+                r = run_worker({"kind": "read", "location": server.location, "ids": [ids[name]],
+                                "mode": mode, "reps": 1, "plan_first": True,
+                                "warmup_ids": [ids[warmup]], "drop_caches": True,
+                                "cpu_pid": server.pid})
+            dropped = r.get("page_cache_dropped", False) and dropped
+            times += r["times"]
+            cpus.append(r["server_cpu"])
+            privs.append(mem.private)
+            anons.append(mem.anon)
+            hwms.append(server.status_kib("VmHWM"))
+        finally:
+            server.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+    label = f"{name} cold {mode}{REF_SUFFIX}"
+    results[label] = {"times": times, "cpu": median(cpus), "private_kib": max(privs),
+                      "anon_kib": max(anons), "hwm_kib": max(hwms), "page_cache_dropped": dropped,
+                      "ready_s": ready}
+    print(f"  {label:28s} median {median(times) * 1e3:8.1f} ms  server CPU {median(cpus) * 1e3:7.1f} ms"
+          f"  VmHWM {max(hwms) / 1024:6.1f} MiB  (page cache {'dropped' if dropped else 'NOT dropped'};"
+          f" start-up {median(ready):.1f} s)", flush=True)
+
+
+def reference_phase(args, files, work, reps, cold_reps, res) -> dict:
+    """biopb's own server on the same bytes (zarr v2, no compressor), warm then cold."""
+    ref = reference_module()
+    binary = ref.ensure_installed()
+    target = parse_size(args.chunk_target) if args.chunk_target else 8 * MiB
+    data = work / "reference-zarr"
+    data.mkdir(parents=True, exist_ok=True)
+    chunks = {n: ref.write_zarr_v2(files[n], data / f"{n}.zarr", target, work / "reference-state")
+              for n in REF_NAMES}
+    stray = sorted(p.name for p in data.iterdir() if p.name not in {f"{n}.zarr" for n in REF_NAMES})
+    if stray:
+        raise RuntimeError(f"{data} holds more than the workloads ({stray}); remove them")
+    version = subprocess.run([str(binary), "version"], capture_output=True, text=True).stdout.strip()
+    info = {"chunks": chunks, "version": " ".join(version.split()) or ref.VERSION}
+    print(f"  biopb server: {info['version']}; zarr chunks "
+          + ", ".join(f"{n} {tuple(c)}" for n, c in chunks.items()), flush=True)
+    scratch, cache = work / "ref-warm", work / "ref-warm-cache"
+    server = start_reference(ref, binary, data, scratch, cache)
+    try:
+        info["ready_s"] = server.ready_seconds
+        ids = reference_ids(server, files)
+        info["ids"] = ids
+        time.sleep(0.5)
+        sm = server.smaps()
+        info["idle"] = {"rss": server.status_kib("VmRSS"),
+                        "private": sm.get("Private_Clean", 0) + sm.get("Private_Dirty", 0)}
+        print(f"  biopb server ready after {server.ready_seconds:.1f} s; ids {ids}; idle VmRSS "
+              f"{info['idle']['rss'] / 1024:.1f} MiB, private {info['idle']['private'] / 1024:.1f} MiB",
+              flush=True)
+        for name in REF_NAMES:
+            for mode in ("doget", "mmap"):
+                measure_reads_reference(server, name, ids[name], files[name], mode, reps, res)
+        info["hwm"] = server.status_kib("VmHWM")
+    finally:
+        server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    for name in REF_NAMES:
+        for mode in ("doget", "mmap"):
+            measure_cold_reference(ref, binary, data, ids, name, mode, cold_reps, work, res)
+    return info
+
+
+def reference_table(res) -> str:
+    """Tessera beside biopb's server, row by row (ratio of the medians: < 1 is Tessera faster)."""
+    lines = ["| read | Tessera ms | biopb server ms | Tessera / biopb | server CPU ms/read, Tessera | "
+             "biopb | server private RSS peak MiB, Tessera | biopb | server anon RSS peak MiB, Tessera | biopb |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, theirs in res.items():
+        if not label.endswith(REF_SUFFIX):
+            continue
+        base = label[: -len(REF_SUFFIX)]
+        ours = res.get(base)
+        t_ref = median(theirs["times"])
+        t_ours = median(ours["times"]) if ours else float("nan")
+        ratio = f"{t_ours / t_ref:.2f}×" if ours else ""
+
+        def mib(row, k):
+            return f"{row[k] / 1024:.1f}" if row and row.get(k) else ""
+
+        def cpu(row):
+            return f"{row['cpu'] * 1e3:.1f}" if row and row["cpu"] == row["cpu"] else ""
+
+        lines.append(f"| {base} | {fmt_ms(t_ours)} | {fmt_ms(t_ref)} | {ratio} | {cpu(ours)} | {cpu(theirs)} | "
+                     f"{mib(ours, 'private_kib')} | {mib(theirs, 'private_kib')} | "
+                     f"{mib(ours, 'anon_kib')} | {mib(theirs, 'anon_kib')} |")
+    return "\n".join(lines)
+
+
 def criterion_figures(run: bool) -> list:
     if run:
         # The reads above leave gigabytes of dirty segment pages; writing them back first
@@ -520,9 +743,21 @@ def machine() -> str:
 
 
 def results_table(res, anchors_by_name, reps) -> str:
-    lines = ["| measurement | median ms | MB/s | vs np.load | vs memcpy | vs loopback TCP | server CPU ms/read | client CPU ms/read | client page faults/read | server private RSS peak MiB | server anon RSS peak MiB | reference | target |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
-    for label, row in res.items():
+    # With --reference, a column of Tessera / biopb server (ratio of the medians), and each
+    # biopb server row right below the Tessera row it answers.
+    with_ref = any(label.endswith(REF_SUFFIX) for label in res)
+    vs_ref = [" Tessera / biopb server |"] if with_ref else []
+    lines = ["| measurement | median ms |" + "".join(vs_ref) + " MB/s | vs np.load | vs memcpy | vs loopback TCP | server CPU ms/read | client CPU ms/read | client page faults/read | server private RSS peak MiB | server anon RSS peak MiB | reference | target |",
+             "|---|---:|" + "---:|" * len(vs_ref) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    order = []
+    for label in res:
+        if not label.endswith(REF_SUFFIX):
+            order.append(label)
+            if label + REF_SUFFIX in res:
+                order.append(label + REF_SUFFIX)
+    order += [label for label in res if label not in order]
+    for label in order:
+        row = res[label]
         name = label.split()[0]
         a = anchors_by_name.get(name)
         t = median(row["times"])
@@ -538,7 +773,11 @@ def results_table(res, anchors_by_name, reps) -> str:
         anon = f"{row['anon_kib'] / 1024:.1f}" if row["anon_kib"] else ""
         ccpu = f"{row['client_cpu'] * 1e3:.1f}" if row.get("client_cpu") is not None else ""
         cflt = f"{row['client_minflt']:.0f}" if row.get("client_minflt") is not None else ""
-        lines.append(f"| {label} | {fmt_ms(t)} | {mbs} | {' | '.join(ratios)} | {cpu} | {ccpu} | {cflt} | {priv} | {anon} | {ref} | {target} |")
+        vs = ""
+        if with_ref:
+            theirs = res.get(label + REF_SUFFIX)
+            vs = f" {t / median(theirs['times']):.2f}× |" if theirs else "  |"
+        lines.append(f"| {label} | {fmt_ms(t)} |{vs} {mbs} | {' | '.join(ratios)} | {cpu} | {ccpu} | {cflt} | {priv} | {anon} | {ref} | {target} |")
     for name, a in anchors_by_name.items():
         nb = a["bytes"]
         for k, title in (("np_load", "np.load (warm)"), ("memcpy", "memcpy (touched dst)"),
@@ -546,7 +785,8 @@ def results_table(res, anchors_by_name, reps) -> str:
             if k not in a:
                 continue
             t = median(a[k])
-            lines.append(f"| {name} anchor: {title} | {fmt_ms(t)} | {nb / t / 1e6:.0f} | | | | | | | | | | |")
+            lines.append(f"| {name} anchor: {title} | {fmt_ms(t)} |" + " |" * len(vs_ref)
+                         + f" {nb / t / 1e6:.0f} | | | | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -567,7 +807,41 @@ COPY_TABLE = """\
 ANALYSIS_HEADING = "## Analysis (hand-written"
 
 
-def write_doc(path, res, anchors_by_name, reps, crit, latency, idle, extra_notes):
+def reference_block(res, reference) -> str:
+    """The doc's paragraph and table on biopb's own server ("" without --reference)."""
+    if not reference:
+        return ""
+    chunks = ", ".join(f"{n} `{tuple(c)}`" for n, c in reference["chunks"].items())
+    colds = [r for label, r in res.items() if label.endswith(REF_SUFFIX) and "hwm_kib" in r]
+    cold_hwm = max((r["hwm_kib"] for r in colds), default=0)
+    ready = [reference.get("ready_s", float("nan"))] + [t for r in colds for t in r.get("ready_s", [])]
+    idle = reference.get("idle", {})
+    return f"""
+
+**Reference server, same run** (`--reference`): biopb's own server ({reference['version']};
+installed by `benches/reference/setup.sh`), `biopb-tensor-server serve` on a JSON config
+with `server.stability_window` 0 and `precache.enabled` false, a fresh `cache.file_cache_dir`
+and fresh `BIOPB_*_HOME` folders. It has no `.npy` reader, so it serves the same bytes
+written as uncompressed zarr v2 arrays (`compressor: null`) on Tessera's chunk grid
+({chunks}), which is also the transfer grid it picks for them. Its rows, marked *(biopb
+server)*, are measured by the same client workers and protocol as Tessera's (warm: one
+verified read, then one untimed read that counts the client's `chunk_locate` attempts and
+mmap hits to prove the path, then the timed reads; cold: a new server with an empty file
+cache and catalog per repetition, timed from the client's read after its warm-up read and
+the page-cache drop). *Tessera / biopb server* is the ratio of the medians: below 1,
+Tessera is faster. Start-up to a complete catalog took {fmt_s(median(ready))} (median).
+Idle: VmRSS {idle.get('rss', 0) / 1024:.1f} MiB, private {idle.get('private', 0) / 1024:.1f} MiB;
+peak (VmHWM) {reference.get('hwm', 0) / 1024:.1f} MiB after the warm reads,
+{cold_hwm / 1024:.1f} MiB at most in the cold servers.
+
+{reference_table(res)}"""
+
+
+def fmt_s(s):
+    return "n/a" if s != s else f"{s:.1f} s"
+
+
+def write_doc(path, res, anchors_by_name, reps, crit, latency, idle, extra_notes, reference=None):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lat = ""
     if latency:
@@ -615,7 +889,7 @@ reads ran (mapped segment pages the server alone touches count as private-clean)
 
 ## Results
 
-{results_table(res, anchors_by_name, reps)}
+{results_table(res, anchors_by_name, reps)}{reference_block(res, reference)}
 
 Idle server: VmRSS {idle.get('rss', 0) / 1024:.1f} MiB, private {idle.get('private', 0) / 1024:.1f} MiB
 (reference 118 MiB, target ≤ 20 MiB). Peak over the whole run: VmHWM {idle.get('hwm', 0) / 1024:.1f} MiB.
@@ -660,6 +934,9 @@ def main():
     ap.add_argument("--criterion", action="store_true", help="also run the segments criterion benches")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
     ap.add_argument("--no-doc", action="store_true", help="print only; do not rewrite the doc")
+    ap.add_argument("--reference", action="store_true",
+                    help="also measure biopb's own server (biopb-tensor-server 0.13.0) on the same bytes; "
+                         "installs it into benches/reference/.venv on first use")
     args = ap.parse_args()
     if args.worker:
         worker_main(json.loads(args.worker))
@@ -675,6 +952,8 @@ def main():
     extra = ["--chunk-target", args.chunk_target] if args.chunk_target else []
 
     if args.sweep:
+        if args.reference:
+            print("--reference is ignored with --sweep", flush=True)
         sweep(args, files, work, reps, cold_reps)
         return
 
@@ -736,15 +1015,23 @@ def main():
     if "big" in files:
         measure_cold(args.bin, files, "big", "doget", 1, work, res, extra)
 
+    reference = None
+    if args.reference:
+        print("reference server (biopb-tensor-server):", flush=True)
+        reference = reference_phase(args, files, work, reps, cold_reps, res)
+
     crit = criterion_figures(args.criterion)
     table = results_table(res, anchors_by_name, reps)
     print()
     print(table)
+    if reference:
+        print()
+        print(reference_table(res))
     notes = ""
     if any(not r.get("page_cache_dropped", True) for r in res.values()):
         notes = "**Note:** the page cache could not be dropped here; cold rows read the source from the page cache."
     if not args.no_doc:
-        write_doc(pathlib.Path(args.doc), res, anchors_by_name, reps, crit, latency, idle, notes)
+        write_doc(pathlib.Path(args.doc), res, anchors_by_name, reps, crit, latency, idle, notes, reference)
 
 
 def sweep(args, files, work, reps, cold_reps):
