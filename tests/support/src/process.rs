@@ -105,6 +105,9 @@ impl ServerProcess {
             .env("NO_COLOR", "1")
             .env_remove("TESSERA_TOKEN")
             .env_remove("TESSERA_CONFIG")
+            // Scenarios count the chunks of one grid; a flag or `env` may still ask for the
+            // coarse grid of mapped loopback reads (docs/decisions/0015).
+            .env("TESSERA_MAPPED_CHUNK_TARGET", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
