@@ -12,7 +12,8 @@ set -euo pipefail
 VERSION=0.13.0
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="$HERE/.venv"
-SDIST_DIR="$HERE/sdist"
+# The unpacked sdist is biopb's whole repository (docs, tests): kept out of this tree.
+SDIST_DIR="${TESSERA_REFERENCE_SDIST:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/biopb-sdist}"
 MARKER="$VENV/.tessera-reference-ok"
 NICE=(nice -n 19)
 
