@@ -24,18 +24,37 @@
 //! 38+L+8N 8·N         u64 stop per axis   ┘ stop exclusive, start <= stop
 //! ```
 //!
-//! Total length: `38 + L + 16·N` bytes; nothing may follow. Decoding never
-//! panics and never allocates more than the input can back. Whether the bounds
-//! name a real cell of the tensor is the grid's question
+//! Total length: `38 + L + 16·N` bytes; nothing may follow.
+//!
+//! # Format, version 2: a scaled chunk (docs/decisions/0018)
+//!
+//! Version 1's fields, with version byte 2, then:
+//!
+//! ```text
+//! 38+L+16N 8·N        u64 scale factor per axis (each >= 1, at least one > 1)
+//! 38+L+24N 1          u8 method: 0x01 nearest, 0x02 area (the reference's codes)
+//! ```
+//!
+//! Total length: `39 + L + 24·N` bytes. The bounds are the block of the source the
+//! chunk reduces (absolute base coordinates); the chunk's bytes are its reduction.
+//! A full-resolution chunk is always version 1 (a version 2 id with every factor 1 is
+//! refused), so every chunk has exactly one id and the ids of version 1 are unchanged.
+//!
+//! Decoding never panics and never allocates more than the input can back. Whether
+//! the bounds name a real cell of the tensor is the grid's question
 //! ([`ChunkGrid::is_cell`](crate::grid::ChunkGrid::is_cell)), not the codec's.
 
 use crate::grid::{MAX_RANK, Region};
+use crate::scaled::{Method, Scale};
 
 /// The two magic bytes every chunk id starts with: `"TS"`.
 pub const MAGIC: [u8; 2] = *b"TS";
 
-/// The format version this codec writes and reads.
+/// The format version of a full-resolution chunk id.
 pub const FORMAT_VERSION: u8 = 1;
+
+/// The format version of a scaled chunk id (version 1 plus scale and method).
+pub const SCALED_FORMAT_VERSION: u8 = 2;
 
 /// The longest array id a chunk id can carry, in UTF-8 bytes.
 pub const MAX_ARRAY_ID_BYTES: usize = 1024;
@@ -117,6 +136,28 @@ pub enum ChunkIdError {
     /// Bytes follow the last field.
     #[error("chunk id has {0} trailing bytes")]
     Trailing(usize),
+    /// A scale factor of 0.
+    #[error("chunk id has scale factor 0 on axis {axis} (each factor must be at least 1)")]
+    ScaleZero {
+        /// The offending axis.
+        axis: usize,
+    },
+    /// A scaled id whose factors are all 1: that chunk's id is the version 1 one.
+    #[error(
+        "chunk id of version 2 has every scale factor 1 (a full-resolution chunk is version 1)"
+    )]
+    TrivialScale,
+    /// The scale has another rank than the bounds.
+    #[error("chunk id scale has {scale} factors but the region has {rank} axes")]
+    ScaleRank {
+        /// Factors given.
+        scale: usize,
+        /// The region's rank.
+        rank: usize,
+    },
+    /// A method byte no version of the codec wrote.
+    #[error("chunk id has unknown reduction method code {0:#04x}")]
+    UnknownMethod(u8),
 }
 
 /// One chunk of one tensor at one content version. Built only through
@@ -127,6 +168,7 @@ pub struct ChunkId {
     array_id: String,
     version: ContentVersion,
     region: Region,
+    scale: Option<Scale>,
 }
 
 impl ChunkId {
@@ -151,7 +193,40 @@ impl ChunkId {
             array_id,
             version,
             region,
+            scale: None,
         })
+    }
+
+    /// A scaled chunk id: the block `region` of the source reduced by `scale`. Validated
+    /// like [`ChunkId::new`], and the scale must have the region's rank.
+    pub fn scaled(
+        array_id: impl Into<String>,
+        version: ContentVersion,
+        region: Region,
+        scale: Scale,
+    ) -> Result<ChunkId, ChunkIdError> {
+        let mut id = ChunkId::new(array_id, version, region)?;
+        if scale.factors().len() != id.region.rank() {
+            return Err(ChunkIdError::ScaleRank {
+                scale: scale.factors().len(),
+                rank: id.region.rank(),
+            });
+        }
+        id.scale = Some(scale);
+        Ok(id)
+    }
+
+    /// The same block at another scale (`None`: full resolution), keeping the rest.
+    pub fn with_scale(&self, scale: Option<Scale>) -> ChunkId {
+        ChunkId {
+            scale,
+            ..self.clone()
+        }
+    }
+
+    /// The scale and method of a scaled chunk; `None` for a full-resolution one.
+    pub fn scale(&self) -> Option<&Scale> {
+        self.scale.as_ref()
     }
 
     /// The array (tensor) id.
@@ -164,7 +239,8 @@ impl ChunkId {
         self.version
     }
 
-    /// The chunk's absolute bounds in the tensor.
+    /// The chunk's absolute bounds in the tensor (for a scaled chunk, of the block of
+    /// the source it reduces).
     pub fn region(&self) -> &Region {
         &self.region
     }
@@ -172,9 +248,12 @@ impl ChunkId {
     /// The wire bytes (see the module docs for the layout).
     pub fn encode(&self) -> Vec<u8> {
         let rank = self.region.rank();
-        let mut out = Vec::with_capacity(HEADER_BYTES + self.array_id.len() + 33 + 16 * rank);
+        let mut out = Vec::with_capacity(HEADER_BYTES + self.array_id.len() + 34 + 24 * rank);
         out.extend_from_slice(&MAGIC);
-        out.push(FORMAT_VERSION);
+        out.push(match self.scale {
+            None => FORMAT_VERSION,
+            Some(_) => SCALED_FORMAT_VERSION,
+        });
         // Both narrowing conversions are bounded by the checks in `new`/`decode`.
         out.extend_from_slice(&(self.array_id.len() as u16).to_be_bytes());
         out.extend_from_slice(self.array_id.as_bytes());
@@ -185,6 +264,12 @@ impl ChunkId {
         out.push(rank as u8);
         for v in self.region.start.iter().chain(&self.region.stop) {
             out.extend_from_slice(&v.to_be_bytes());
+        }
+        if let Some(scale) = &self.scale {
+            for f in scale.factors() {
+                out.extend_from_slice(&f.to_be_bytes());
+            }
+            out.push(scale.method().code());
         }
         out
     }
@@ -205,9 +290,9 @@ impl ChunkId {
         if magic != MAGIC {
             return Err(ChunkIdError::BadMagic { found: magic });
         }
-        let [version] = r.array::<1>("the version")?;
-        if version != FORMAT_VERSION {
-            return Err(ChunkIdError::UnknownVersion(version));
+        let [format] = r.array::<1>("the version")?;
+        if format != FORMAT_VERSION && format != SCALED_FORMAT_VERSION {
+            return Err(ChunkIdError::UnknownVersion(format));
         }
         let id_len = usize::from(u16::from_be_bytes(r.array("the array id length")?));
         check_array_id_len(id_len)?;
@@ -226,23 +311,34 @@ impl ChunkId {
         check_rank(rank)?;
         // Check the whole bounds block is present before allocating for it.
         let bounds = r.take("the chunk bounds", 16 * rank)?;
+        let scale = if format == SCALED_FORMAT_VERSION {
+            let factors = words(r.take("the scale factors", 8 * rank)?);
+            let [code] = r.array::<1>("the reduction method")?;
+            Some((factors, code))
+        } else {
+            None
+        };
         if !r.rest.is_empty() {
             return Err(ChunkIdError::Trailing(r.rest.len()));
         }
-        let values: Vec<u64> = bounds
-            .chunks_exact(8)
-            .map(|b| {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(b);
-                u64::from_be_bytes(word)
-            })
-            .collect();
+        let values = words(bounds);
         let region = Region::new(values[..rank].to_vec(), values[rank..].to_vec());
         check_order(&region)?;
+        let scale = match scale {
+            None => None,
+            Some((factors, code)) => {
+                if let Some(axis) = factors.iter().position(|&f| f == 0) {
+                    return Err(ChunkIdError::ScaleZero { axis });
+                }
+                let method = Method::from_code(code).ok_or(ChunkIdError::UnknownMethod(code))?;
+                Some(Scale::new(factors, method).ok_or(ChunkIdError::TrivialScale)?)
+            }
+        };
         Ok(ChunkId {
             array_id,
             version,
             region,
+            scale,
         })
     }
 }
@@ -273,6 +369,18 @@ impl<'a> Reader<'a> {
         out.copy_from_slice(self.take(field, N)?);
         Ok(out)
     }
+}
+
+/// Big-endian u64 words of `bytes` (a multiple of 8 long).
+fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|b| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(b);
+            u64::from_be_bytes(word)
+        })
+        .collect()
 }
 
 /// Refuses an empty or over-long array id.

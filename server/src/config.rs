@@ -45,6 +45,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::scaled::Method;
+use crate::scaled::pyramid::PyramidPolicy;
+
 use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::pins::PinLimits;
@@ -139,6 +142,22 @@ pub struct TlsFile {
     pub key: Option<PathBuf>,
 }
 
+/// The `[pyramid]` table of the config file: the levels descriptors advertise.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PyramidFile {
+    /// Method advertised for computed levels (`nearest` or `area`).
+    pub method: Option<String>,
+    /// Largest X or Y extent of the 2-D level.
+    pub threshold: Option<u64>,
+    /// Factor of one step (at least 2).
+    pub downscale_factor: Option<u64>,
+    /// Cube root of the 3-D level's voxel budget.
+    pub pixel_budget_cubic_root: Option<u64>,
+    /// Largest X·Y of the 2-D level.
+    pub plane_max_pixels: Option<u64>,
+}
+
 /// The config file's contents.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -173,6 +192,8 @@ pub struct ConfigFile {
     pub cache: Option<CacheFile>,
     /// TLS settings.
     pub tls: Option<TlsFile>,
+    /// Pyramid policy.
+    pub pyramid: Option<PyramidFile>,
     /// Paths with options (`[[source]]` tables), served after `sources`.
     pub source: Option<Vec<SourceFile>>,
     /// Rescan the sources periodically and serve what changed.
@@ -275,6 +296,10 @@ pub struct ServeArgs {
     /// [default: 60s].
     #[arg(long, env = "TESSERA_STREAM_IDLE_TIMEOUT", value_name = "DURATION")]
     pub stream_idle_timeout: Option<String>,
+    /// Reduction method advertised for the computed pyramid levels of descriptors:
+    /// nearest or area [default: nearest].
+    #[arg(long, env = "TESSERA_PYRAMID_METHOD", value_name = "METHOD")]
+    pub pyramid_method: Option<String>,
     /// TOML config file; flags and environment override it.
     #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -348,6 +373,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Log line format (the `--log-format` flag, applied by the binary, wins).
     pub log_format: LogFormat,
+    /// The pyramid descriptors advertise (`[pyramid]`, `--pyramid-method`).
+    pub pyramid: PyramidPolicy,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -385,6 +412,7 @@ impl ServeConfig {
             watch_interval: DEFAULT_WATCH_INTERVAL,
             metrics_listen: None,
             log_format: LogFormat::Text,
+            pyramid: PyramidPolicy::default(),
         }
     }
 
@@ -511,6 +539,7 @@ impl ServeConfig {
                 "stream_idle_timeout 0 would close every connection with a reply in flight; use at least 1s".to_string(),
             ));
         }
+        let pyramid = pyramid_policy(args.pyramid_method, file.pyramid.unwrap_or_default())?;
         let cache_max_bytes = match args.cache_max_bytes.or(cache_file.max_bytes) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
@@ -543,8 +572,52 @@ impl ServeConfig {
             watch_interval,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             log_format: file.log_format.unwrap_or_default(),
+            pyramid,
         })
     }
+}
+
+/// The pyramid policy: the flag's method over the `[pyramid]` table over the defaults.
+/// The floor `min(threshold, pixel_budget_cubic_root)` must be at least 2 and the factor
+/// at least 2, or the levels could not shrink.
+fn pyramid_policy(
+    flag_method: Option<String>,
+    file: PyramidFile,
+) -> Result<PyramidPolicy, ConfigError> {
+    let defaults = PyramidPolicy::default();
+    let method = match flag_method.or(file.method) {
+        None => defaults.method,
+        Some(name) => match name.trim().to_ascii_lowercase().as_str() {
+            "nearest" => Method::Nearest,
+            "area" => Method::Area,
+            _ => {
+                return Err(ConfigError::Invalid(format!(
+                    "pyramid method '{name}' is not one of nearest, area"
+                )));
+            }
+        },
+    };
+    let policy = PyramidPolicy {
+        method,
+        threshold: file.threshold.unwrap_or(defaults.threshold),
+        downscale_factor: file.downscale_factor.unwrap_or(defaults.downscale_factor),
+        pixel_budget_cubic_root: file
+            .pixel_budget_cubic_root
+            .unwrap_or(defaults.pixel_budget_cubic_root),
+        plane_max_pixels: file.plane_max_pixels.unwrap_or(defaults.plane_max_pixels),
+    };
+    for (key, value) in [
+        ("threshold", policy.threshold),
+        ("downscale_factor", policy.downscale_factor),
+        ("pixel_budget_cubic_root", policy.pixel_budget_cubic_root),
+    ] {
+        if value < 2 {
+            return Err(ConfigError::Invalid(format!(
+                "pyramid {key} {value} is below 2: the levels could not shrink"
+            )));
+        }
+    }
+    Ok(policy)
 }
 
 /// The file's `sources = [...]` list then its `[[source]]` tables, with their

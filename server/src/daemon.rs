@@ -129,6 +129,7 @@ impl Daemon {
         let state = Arc::new(
             ServiceState::new(registry, options, chunks)
                 .with_pin_limits(config.pins)
+                .with_pyramid(config.pyramid.clone())
                 .with_metrics(metrics),
         );
         state.scan_status().finish();

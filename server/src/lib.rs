@@ -4,6 +4,7 @@
 //!   the registry of served sources.
 //! * [`grid`] cuts a tensor into chunks of at most 64 MiB.
 //! * [`chunk_id`] is the codec of the opaque chunk ids inside tickets.
+//! * [`scaled`] validates downsampled reads, reduces scaled chunks and plans the pyramid.
 //! * [`chunks`] decodes chunks once and keeps them in the segment store (or RAM).
 //! * [`state`] is what the service shares between calls, below the wire; [`flight`] is the
 //!   Arrow Flight service speaking the biopb tensor protocol.
@@ -26,6 +27,7 @@ pub mod listener;
 pub mod metrics;
 pub mod pins;
 pub mod route;
+pub mod scaled;
 pub mod scrape;
 pub mod source;
 pub mod state;

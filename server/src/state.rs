@@ -13,6 +13,9 @@ use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
 use crate::route::{Route, RoutePlanner};
+use crate::scaled::Method;
+use crate::scaled::pyramid::PyramidPolicy;
+use crate::source::npy::Kind;
 use crate::source::registry::{OpenOptions, Registry, Tensor};
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
@@ -27,6 +30,7 @@ pub struct ServiceState {
     pins: Arc<Pins>,
     routes: RoutePlanner,
     metrics: Metrics,
+    pyramid: PyramidPolicy,
 }
 
 impl ServiceState {
@@ -41,7 +45,19 @@ impl ServiceState {
             pins: Pins::new(PinLimits::default()),
             routes: RoutePlanner::default(),
             metrics: Metrics::default(),
+            pyramid: PyramidPolicy::default(),
         }
+    }
+
+    /// Sets the policy of the pyramid descriptors advertise (default: the reference's).
+    pub fn with_pyramid(mut self, pyramid: PyramidPolicy) -> Self {
+        self.pyramid = pyramid;
+        self
+    }
+
+    /// The policy of the pyramid descriptors advertise.
+    pub fn pyramid(&self) -> &PyramidPolicy {
+        &self.pyramid
     }
 
     /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).
@@ -143,7 +159,29 @@ impl ServiceState {
                 id.array_id()
             )));
         }
-        if tensor.grid_of(id.region()).is_none() {
+        let is_chunk = match id.scale() {
+            None => tensor.grid_of(id.region()).is_some(),
+            Some(scale) => {
+                if !scale.fits(tensor.shape()) {
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "chunk ticket scale {:?} does not fit '{}' of shape {:?}",
+                        scale.factors(),
+                        id.array_id(),
+                        tensor.shape()
+                    )));
+                }
+                if scale.method() == Method::Area && tensor.file.header().dtype.kind == Kind::Bool {
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "chunk ticket of '{}' asks for 'area' of a bool tensor, which is refused",
+                        id.array_id()
+                    )));
+                }
+                tensor
+                    .scaled_grid_of(id.region(), scale.factors())
+                    .is_some()
+            }
+        };
+        if !is_chunk {
             return Err(ServiceError::InvalidArgument(format!(
                 "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
                 id.region().start,
@@ -163,7 +201,11 @@ impl ServiceState {
         loopback: bool,
     ) -> ServiceResult<EncodedChunk> {
         let (tensor, id) = self.resolve_chunk(chunk_id)?;
-        if loopback && !tensor.grid.is_cell(id.region()) {
+        let fine_cell = match id.scale() {
+            None => tensor.grid.is_cell(id.region()),
+            Some(scale) => tensor.grid.scaled(scale.factors()).is_cell(id.region()),
+        };
+        if loopback && !fine_cell {
             self.routes.note_local_socket_read();
         }
         let chunk = self.chunks.encoded(&tensor, &id).await?;

@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 use tessera_server::chunk_id::{ChunkId, ChunkIdError, ContentVersion};
 use tessera_server::grid::Region;
+use tessera_server::scaled::{Method, Scale};
 
 /// The pinned encoding of the vector below. If this test fails, the wire
 /// format changed: existing client caches would map old ids to new bytes.
@@ -22,6 +23,27 @@ const PINNED_HEX: &str = concat!(
     "0000000000000010", // start[1]
     "0000000000000010", // stop[0]
     "0000000000000020", // stop[1]
+);
+
+/// The pinned encoding of a scaled chunk (format version 2): the same block reduced by
+/// (2, 4) with `area`. Version 1's fields, then the factors and the method byte.
+const PINNED_SCALED_HEX: &str = concat!(
+    "5453",             // magic "TS"
+    "02",               // version 2: scaled
+    "0003",             // array id length
+    "696d67",           // "img"
+    "0000000000000001", // dev
+    "0000000000000002", // ino
+    "0000000000000003", // size
+    "0000000000000004", // mtime_ns
+    "02",               // 2 axes
+    "0000000000000000", // start[0]
+    "0000000000000010", // start[1]
+    "0000000000000010", // stop[0]
+    "0000000000000020", // stop[1]
+    "0000000000000002", // scale[0]
+    "0000000000000004", // scale[1]
+    "02",               // method: area
 );
 
 fn version() -> ContentVersion {
@@ -53,6 +75,84 @@ fn pinned_compatibility_vector() {
     assert_eq!(back.array_id(), "img");
     assert_eq!(back.version(), version());
     assert_eq!(back.region(), &Region::new(vec![0, 16], vec![16, 32]));
+}
+
+fn pinned_scaled(method: Method) -> ChunkId {
+    let scale = Scale::new(vec![2, 4], method).unwrap();
+    ChunkId::scaled(
+        "img",
+        version(),
+        Region::new(vec![0, 16], vec![16, 32]),
+        scale,
+    )
+    .unwrap()
+}
+
+#[test]
+fn pinned_scaled_compatibility_vectors() {
+    let id = pinned_scaled(Method::Area);
+    let bytes = id.encode();
+    assert_eq!(hex::encode(&bytes), PINNED_SCALED_HEX);
+    assert_eq!(bytes.len(), 39 + 3 + 24 * 2);
+    assert_eq!(ChunkId::decode(&bytes).unwrap(), id);
+    // nearest differs in the last byte only.
+    let nearest = pinned_scaled(Method::Nearest).encode();
+    assert_eq!(nearest[..bytes.len() - 1], bytes[..bytes.len() - 1]);
+    assert_eq!(nearest[bytes.len() - 1], 0x01);
+    // A scaled chunk is its own cache entry, and the full-resolution id is unchanged.
+    assert_ne!(id.segment_key(), pinned().segment_key());
+    assert_eq!(hex::encode(id.with_scale(None).encode()), PINNED_HEX);
+    assert_eq!(id.scale().unwrap().factors(), &[2, 4]);
+    assert_eq!(id.scale().unwrap().method(), Method::Area);
+}
+
+#[test]
+fn each_refusal_of_scaled_ids() {
+    let good = pinned_scaled(Method::Area).encode();
+    let scale_at = good.len() - 17;
+    // Factor 0.
+    let mut b = good.clone();
+    b[scale_at..scale_at + 8].copy_from_slice(&0u64.to_be_bytes());
+    assert_eq!(
+        err(&b).to_string(),
+        "chunk id has scale factor 0 on axis 0 (each factor must be at least 1)"
+    );
+    // All ones: that chunk's id is version 1.
+    let mut b = good.clone();
+    b[scale_at..scale_at + 8].copy_from_slice(&1u64.to_be_bytes());
+    b[scale_at + 8..scale_at + 16].copy_from_slice(&1u64.to_be_bytes());
+    assert_eq!(err(&b), ChunkIdError::TrivialScale);
+    // Unknown method byte.
+    let mut b = good.clone();
+    *b.last_mut().unwrap() = 3;
+    assert_eq!(
+        err(&b).to_string(),
+        "chunk id has unknown reduction method code 0x03"
+    );
+    // Truncated scale or method; a version 1 id carrying a scale has trailing bytes.
+    assert!(matches!(
+        err(&good[..good.len() - 1]),
+        ChunkIdError::Truncated {
+            field: "the reduction method",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&good[..good.len() - 5]),
+        ChunkIdError::Truncated {
+            field: "the scale factors",
+            ..
+        }
+    ));
+    let mut b = good.clone();
+    b[2] = 1;
+    assert_eq!(err(&b), ChunkIdError::Trailing(17));
+    // A scale of another rank than the bounds.
+    let scale = Scale::new(vec![2, 2, 2], Method::Nearest).unwrap();
+    assert_eq!(
+        ChunkId::scaled("img", version(), Region::new(vec![0, 0], vec![1, 1]), scale).unwrap_err(),
+        ChunkIdError::ScaleRank { scale: 3, rank: 2 }
+    );
 }
 
 #[test]
@@ -207,8 +307,39 @@ fn any_id() -> impl Strategy<Value = ChunkId> {
         })
 }
 
+/// A scaled id: any id with factors of its rank (at least one above 1) and a method.
+fn any_scaled_id() -> impl Strategy<Value = ChunkId> {
+    (
+        any_id(),
+        prop::collection::vec(1u64..1000, 32),
+        any::<bool>(),
+    )
+        .prop_map(|(id, mut factors, area)| {
+            factors.truncate(id.region().rank());
+            factors[0] += 1;
+            let method = if area { Method::Area } else { Method::Nearest };
+            let scale = Scale::new(factors, method).unwrap();
+            ChunkId::scaled(id.array_id(), id.version(), id.region().clone(), scale).unwrap()
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn scaled_round_trip_and_mutations_never_panic(id in any_scaled_id(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let bytes = id.encode();
+        prop_assert_eq!(bytes.len(), 39 + id.array_id().len() + 24 * id.region().rank());
+        prop_assert_eq!(ChunkId::decode(&bytes).unwrap(), id.clone());
+        let n = cut.index(bytes.len());
+        prop_assert!(ChunkId::decode(&bytes[..n]).is_err());
+        let mut flipped = bytes.clone();
+        flipped[flip.index(bytes.len())] ^= 1 << bit;
+        if let Ok(other) = ChunkId::decode(&flipped) {
+            prop_assert_eq!(other.encode(), flipped);
+            prop_assert_ne!(other, id);
+        }
+    }
 
     #[test]
     fn round_trip(id in any_id()) {

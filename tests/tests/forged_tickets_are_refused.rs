@@ -6,6 +6,7 @@ use arrow_flight::Ticket;
 use tessera_e2e::*;
 use tessera_server::chunk_id::{ChunkId, ContentVersion};
 use tessera_server::grid::Region;
+use tessera_server::scaled::{Method, Scale};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving() {
@@ -52,7 +53,20 @@ async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving() 
     let mut older = id.version();
     older.mtime_ns -= 1;
     let old = forge("a", older, start.clone(), stop.clone());
+    // Scaled ids: an unscaled cell claimed at scale 2 (not a cell of the scaled read grid),
+    // a factor over the axis length, and area of nothing stranger than u8 but off-grid.
+    let scaled = |cell: ChunkId, factors: Vec<u64>| {
+        let scale = Scale::new(factors, Method::Area).unwrap();
+        ChunkId::scaled("a", cell.version(), cell.region().clone(), scale).unwrap()
+    };
+    let off_grid = scaled(shifted.clone(), vec![2, 2]);
+    let over_axis = scaled(
+        forge("a", id.version(), vec![0, 0], vec![64, 64]),
+        vec![65, 1],
+    );
     for (forged, what) in [
+        (off_grid, "not a chunk"),
+        (over_axis, "does not fit"),
         (shifted, "not a chunk"),
         (outside, "not a chunk"),
         (absurd, "not a chunk"),

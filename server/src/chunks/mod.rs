@@ -58,6 +58,7 @@ use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
 use crate::grid::Region;
 use crate::metrics::Metrics;
+use crate::scaled::reduce::{self, ReduceError};
 use crate::source::npy::NpyError;
 use crate::source::registry::Tensor;
 use buffers::BufferPool;
@@ -256,6 +257,11 @@ impl ChunkService {
         let Some(room) = self.store.read_ahead_room() else {
             return;
         };
+        // Scaled chunks are not read ahead: a viewer asks for the few chunks of a level
+        // it shows, and each one already reads `scale` times the source of a chunk.
+        if id.scale().is_some() {
+            return;
+        }
         // Ahead on the grid the request was planned on (socket or mapped).
         let Some(grid) = tensor.grid_of(id.region()) else {
             return;
@@ -343,10 +349,14 @@ impl ChunkService {
         result
     }
 
-    /// Blocking: read the region from the source and append it to the cache.
+    /// Blocking: read the region from the source (reducing it, for a scaled chunk) and
+    /// append it to the cache.
     fn decode_and_store(&self, tensor: &Tensor, id: &ChunkId) -> ServiceResult<Materialized> {
         let key = id.segment_key();
-        let shape = id.region().shape();
+        let shape = match id.scale() {
+            None => id.region().shape(),
+            Some(scale) => scale.reduced(&id.region().shape()),
+        };
         let nbytes = shape
             .iter()
             .try_fold(tensor.itemsize(), |acc, &d| acc.checked_mul(d))
@@ -385,6 +395,7 @@ impl ChunkService {
         // The source is checked unchanged after the copy and before the entry is committed,
         // so bytes of a file modified during the copy are never served under the old id.
         if try_append
+            && id.scale().is_none()
             && nbytes < SPLICE_BELOW_BYTES
             && let Some(src) = source_range(tensor, id)
             && let Some(appended) = self.store.append_from_file(&key, &meta, src, &finished)
@@ -412,10 +423,26 @@ impl ChunkService {
         let mut buffer = self.buffers.take(nbytes);
         // read_region checks the file unchanged after reading: a write that raced the
         // read is refused, never cached under the old version's id.
-        tensor
-            .file
-            .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
-            .map_err(source_error)?;
+        match id.scale() {
+            None => tensor
+                .file
+                .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
+                .map_err(source_error)?,
+            Some(scale) => reduce::reduce_chunk(
+                &tensor.file,
+                tensor.shape(),
+                id.region(),
+                scale,
+                buffer.as_mut_slice(),
+            )
+            .map_err(|e| match e {
+                ReduceError::Source(e) => source_error(e),
+                other => ServiceError::Internal(format!(
+                    "reducing a chunk of '{}': {other}",
+                    tensor.source_id
+                )),
+            })?,
+        }
         finished().map_err(source_error)?;
 
         if try_append {

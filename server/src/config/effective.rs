@@ -72,6 +72,22 @@ pub fn render(config: &ServeConfig) -> String {
     };
     top.insert("log_format".into(), Value::String(log_format.into()));
 
+    let mut pyramid = Table::new();
+    let p = &config.pyramid;
+    pyramid.insert("method".into(), Value::String(p.method.name().into()));
+    for (key, value) in [
+        ("threshold", p.threshold),
+        ("downscale_factor", p.downscale_factor),
+        ("pixel_budget_cubic_root", p.pixel_budget_cubic_root),
+        ("plane_max_pixels", p.plane_max_pixels),
+    ] {
+        pyramid.insert(
+            key.into(),
+            Value::Integer(i64::try_from(value).unwrap_or(i64::MAX)),
+        );
+    }
+    top.insert("pyramid".into(), Value::Table(pyramid));
+
     let mut cache = Table::new();
     let kind = match config.cache {
         CacheKind::File => "file",

@@ -83,7 +83,13 @@ impl TesseraFlight {
                     ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}"))
                 })?;
                 let tensor = self.state.resolve(&request.array_id)?;
-                plan::plan(&tensor, &request, &request.encode_to_vec(), route)
+                plan::plan(
+                    &tensor,
+                    &request,
+                    &request.encode_to_vec(),
+                    route,
+                    self.state.pyramid(),
+                )
             }
             DescriptorType::Path => {
                 let [name] = descriptor.path.as_slice() else {
@@ -101,7 +107,13 @@ impl TesseraFlight {
                     array_id: name.clone(),
                     ..Default::default()
                 };
-                let info = plan::plan(&tensor, &request, &request.encode_to_vec(), route)?;
+                let info = plan::plan(
+                    &tensor,
+                    &request,
+                    &request.encode_to_vec(),
+                    route,
+                    self.state.pyramid(),
+                )?;
                 Ok(info.with_descriptor(descriptor.clone()))
             }
             DescriptorType::Unknown => Err(ServiceError::InvalidArgument(
@@ -146,8 +158,14 @@ impl FlightService for TesseraFlight {
                 array_id: tensor.array_id.clone(),
                 ..Default::default()
             };
-            let info = plan::plan(&tensor, &request, &request.encode_to_vec(), route)?
-                .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
+            let info = plan::plan(
+                &tensor,
+                &request,
+                &request.encode_to_vec(),
+                route,
+                self.state.pyramid(),
+            )?
+            .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
             infos.push(info);
         }
         Ok(Response::new(once(infos)))

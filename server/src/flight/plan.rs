@@ -11,6 +11,14 @@
 //! every slice of a tensor reuses the same cached chunks. The grid is the one of the
 //! plan's route ([`Route`]): the coarse grid for a loopback client that will map the
 //! chunks, the fine grid for the socket.
+//!
+//! A scaled read (`scale_hint` with a factor above 1) is planned on that grid enlarged
+//! by the scale ([`ChunkGrid::scaled`]): every cell starts at a multiple of the scale in
+//! base coordinates and reduces to one whole chunk of the reduced frame, so a sliced
+//! scaled read returns exactly the window of the whole tensor's reduction. The reply
+//! `shape` is `ceil(realized / scale)`, `chunk_shape` the reduced cell, endpoint bounds
+//! are in the reduced frame (start floored, stop ceiled), and `slice_hint` stays in base
+//! coordinates, which is what the client's crop rule expects.
 
 use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use prost::Message;
@@ -20,6 +28,9 @@ use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
 use crate::grid::{ChunkGrid, Region};
 use crate::route::Route;
+use crate::scaled::pyramid::PyramidPolicy;
+use crate::scaled::{Method, Scale, ScaleError};
+use crate::source::npy::Kind;
 use crate::source::registry::Tensor;
 
 /// Optional parts of the reply a request's field mask selects.
@@ -86,16 +97,30 @@ fn to_i64(values: &[u64]) -> Vec<i64> {
     values.iter().map(|&v| v as i64).collect()
 }
 
-/// Refuses a downsampling request: there are no pyramids yet, and ignoring the
-/// hint would hand back an array of the wrong shape.
-fn check_scale(tensor: &Tensor, request: &TensorReadOption) -> ServiceResult<()> {
-    if request.scale_hint.iter().all(|&s| s == 1) {
-        return Ok(());
+/// Validates the request's `scale_hint` and `reduction_method`: `None` for a
+/// full-resolution read, the scale otherwise; refusals name what was refused and why.
+pub fn requested_scale(
+    tensor: &Tensor,
+    request: &TensorReadOption,
+) -> ServiceResult<Option<Scale>> {
+    let refuse = |e: ScaleError| {
+        ServiceError::InvalidArgument(format!("read of '{}' refused: {e}", tensor.array_id))
+    };
+    let scale = Scale::from_request(
+        tensor.shape(),
+        &request.scale_hint,
+        &request.reduction_method,
+    )
+    .map_err(refuse)?;
+    if let Some(scale) = &scale
+        && scale.method() == Method::Area
+        && tensor.file.header().dtype.kind == Kind::Bool
+    {
+        return Err(refuse(ScaleError::AreaOfBool {
+            dtype: tensor.dtype_str(),
+        }));
     }
-    Err(ServiceError::InvalidArgument(format!(
-        "scale_hint {:?} for '{}' is not supported: Tessera serves full resolution only (no pyramid levels)",
-        request.scale_hint, tensor.array_id
-    )))
+    Ok(scale)
 }
 
 /// The grid a plan on `route` is cut on.
@@ -113,9 +138,17 @@ pub fn plan(
     request: &TensorReadOption,
     request_bytes: &[u8],
     route: Route,
+    pyramid: &PyramidPolicy,
 ) -> ServiceResult<FlightInfo> {
-    check_scale(tensor, request)?;
-    let grid = grid_for(tensor, route);
+    let scale = requested_scale(tensor, request)?;
+    let scaled_grid;
+    let grid = match &scale {
+        None => grid_for(tensor, route),
+        Some(scale) => {
+            scaled_grid = grid_for(tensor, route).scaled(scale.factors());
+            &scaled_grid
+        }
+    };
     let mask = Mask::from_request(request);
     let requested = requested_region(tensor, request.slice_hint.as_ref())?;
     let whole = Region::whole(tensor.shape());
@@ -125,7 +158,13 @@ pub fn plan(
         })?,
         None => whole,
     };
-    let realized_shape = realized.shape();
+    let (realized_shape, chunk_shape) = match &scale {
+        None => (realized.shape(), grid.chunk_shape().to_vec()),
+        Some(scale) => (
+            scale.reduced(&realized.shape()),
+            scale.reduced(grid.chunk_shape()),
+        ),
+    };
     let slice_hint =
         (requested.is_some() || realized.start.iter().any(|&s| s > 0)).then(|| SliceHint {
             start: to_i64(&realized.start),
@@ -136,7 +175,7 @@ pub fn plan(
         array_id: request.array_id.clone(),
         dim_labels: tensor.dim_labels.clone(),
         shape: to_i64(&realized_shape),
-        chunk_shape: to_i64(grid.chunk_shape()),
+        chunk_shape: to_i64(&chunk_shape),
         dtype: tensor.dtype_str(),
         slice_hint,
         metadata_json: if mask.metadata_json {
@@ -145,12 +184,7 @@ pub fn plan(
             String::new()
         },
         pyramid: if mask.pyramid {
-            vec![PyramidLevel {
-                scale_hint: vec![1; tensor.shape().len()],
-                reduction_method: "nearest".to_string(),
-                shape: to_i64(tensor.shape()),
-                native: true,
-            }]
+            pyramid_levels(tensor, pyramid)
         } else {
             Vec::new()
         },
@@ -166,17 +200,45 @@ pub fn plan(
         .with_total_records(-1)
         .with_total_bytes(-1);
     if mask.endpoints {
-        info = info.with_endpoints(endpoints(tensor, grid, &realized)?);
+        info = info.with_endpoints(endpoints(tensor, grid, &realized, scale.as_ref())?);
     }
     Ok(info)
 }
 
-/// One endpoint per cell of `grid` in the realized region, in C order.
+/// The levels the descriptor advertises: level 0 (native) and the computed ones.
+fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel> {
+    pyramid
+        .levels(tensor.shape(), &tensor.dim_labels)
+        .into_iter()
+        .map(|factors| {
+            let native = factors.iter().all(|&f| f == 1);
+            PyramidLevel {
+                shape: factors
+                    .iter()
+                    .zip(tensor.shape())
+                    .map(|(&f, &dim)| dim.div_ceil(f) as i64)
+                    .collect(),
+                scale_hint: to_i64(&factors),
+                reduction_method: if native {
+                    Method::Nearest.name().to_string()
+                } else {
+                    pyramid.method().name().to_string()
+                },
+                native,
+            }
+        })
+        .collect()
+}
+
+/// One endpoint per cell of `grid` in the realized region, in C order; for a scaled
+/// read (`grid` is then the scaled read grid) the bounds are in the reduced frame.
 pub fn endpoints(
     tensor: &Tensor,
     grid: &ChunkGrid,
     realized: &Region,
+    scale: Option<&Scale>,
 ) -> ServiceResult<Vec<FlightEndpoint>> {
+    let factors = |a: usize| scale.map_or(1, |s| s.factors()[a]);
     let cells = grid.cells(realized).map_err(|e| {
         ServiceError::InvalidArgument(format!("region of '{}': {e}", tensor.array_id))
     })?;
@@ -187,17 +249,24 @@ pub fn endpoints(
                     .start
                     .iter()
                     .zip(&realized.start)
-                    .map(|(&c, &r)| (c - r) as i64)
+                    .enumerate()
+                    .map(|(a, (&c, &r))| ((c - r) / factors(a)) as i64)
                     .collect(),
                 stop: cell
                     .stop
                     .iter()
                     .zip(&realized.start)
-                    .map(|(&c, &r)| (c - r) as i64)
+                    .enumerate()
+                    .map(|(a, (&c, &r))| (c - r).div_ceil(factors(a)) as i64)
                     .collect(),
             };
-            let id = ChunkId::new(tensor.array_id.clone(), tensor.version, cell)
-                .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
+            let id = match scale {
+                None => ChunkId::new(tensor.array_id.clone(), tensor.version, cell),
+                Some(scale) => {
+                    ChunkId::scaled(tensor.array_id.clone(), tensor.version, cell, scale.clone())
+                }
+            }
+            .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
             Ok(FlightEndpoint::new()
                 .with_ticket(Ticket::new(tessera_proto::ticket::chunk_ticket(
                     &id.encode(),

@@ -245,6 +245,26 @@ impl ChunkGrid {
         })
     }
 
+    /// The read grid of a scaled read: each chunk extent multiplied by the axis's scale
+    /// factor and clamped to the axis length, so every cell reduces to at most one chunk
+    /// of this grid and starts at a multiple of its scale (only the last cell of an axis,
+    /// clipped at the far edge, may end off a multiple). Its cells may exceed
+    /// [`MAX_CHUNK_BYTES`]: they are read tile by tile, never whole. `scale` has the
+    /// tensor's rank and every factor is at least 1.
+    pub fn scaled(&self, scale: &[u64]) -> ChunkGrid {
+        let chunk = self
+            .chunk
+            .iter()
+            .zip(scale)
+            .zip(&self.shape)
+            .map(|((&c, &s), &dim)| c.saturating_mul(s.max(1)).min(dim))
+            .collect();
+        ChunkGrid {
+            shape: self.shape.clone(),
+            chunk,
+        }
+    }
+
     /// The single-chunk grid of an empty tensor.
     fn empty(shape: &[u64]) -> ChunkGrid {
         ChunkGrid {

@@ -89,6 +89,15 @@ impl Tensor {
             .into_iter()
             .find(|grid| grid.is_cell(cell))
     }
+
+    /// The scaled read grid `cell` is a cell of (that of the socket grid first), for a
+    /// chunk reduced by `factors`; `None` when it is a cell of neither.
+    pub fn scaled_grid_of(&self, cell: &Region, factors: &[u64]) -> Option<ChunkGrid> {
+        [&self.grid, &self.mapped_grid]
+            .into_iter()
+            .map(|grid| grid.scaled(factors))
+            .find(|grid| grid.is_cell(cell))
+    }
 }
 
 /// A file that was found but could not be served, with the reason.
