@@ -19,6 +19,7 @@ def _arrays():
         "f32_4d": rng.standard_normal((3, 5, 40, 48)).astype(np.float32) * 1000,
         "f16_5d": rng.standard_normal((2, 3, 5, 24, 30)).astype(np.float16),
         "u16_5d": rng.integers(0, 65536, (2, 2, 9, 33, 40), dtype=np.uint16),
+        "c8_2d": (rng.standard_normal((40, 50)) + 1j * rng.standard_normal((40, 50))).astype(np.complex64),
     }
 
 
@@ -27,15 +28,19 @@ SCALES = {
     "u8_2d": [(2, 2), (3, 7), (97, 1), (16, 16), (1, 130)],
     "u16_3d": [(1, 4, 4), (2, 3, 5), (7, 64, 90), (1, 16, 9)],
     "be_i16_2d": [(2, 2), (5, 3), (8, 16)],
-    "f32_4d": [(1, 1, 2, 2), (3, 2, 3, 5), (1, 5, 8, 16), (1, 1, 40, 1)],
-    "f16_5d": [(1, 1, 1, 2, 2), (2, 3, 2, 5, 7), (1, 1, 5, 8, 10)],
+    # (1, 1, 16, 48) and (1, 1, 1, 8, 30): the whole reduction has length 1 after the axis,
+    # so numpy sums its blocks pairwise, not term by term.
+    "f32_4d": [(1, 1, 2, 2), (3, 2, 3, 5), (1, 5, 8, 16), (1, 1, 40, 1), (1, 1, 16, 48)],
+    "f16_5d": [(1, 1, 1, 2, 2), (2, 3, 2, 5, 7), (1, 1, 5, 8, 10), (1, 1, 1, 8, 30)],
     "u16_5d": [(1, 1, 2, 4, 4), (2, 2, 3, 3, 3)],
+    "c8_2d": [(2, 2), (3, 7), (16, 50), (1, 10)],
 }
 
 
 def staged_area(a, scale):
     """The reference's `area`, as the issue states it: edge-pad to whole blocks, cast to
-    the working type, average one axis at a time from the last, round and clip ints."""
+    the working type, average one axis at a time from the last, round and clip ints.
+    Complex numbers average in their own precision (result_type(c8, f32) is c8)."""
     target = [-(-d // s) * s for d, s in zip(a.shape, scale)]
     pad = [(0, t - d) for d, t in zip(a.shape, target)]
     m = np.pad(a, pad, mode="edge") if any(p for _, p in pad) else a
