@@ -186,6 +186,14 @@ pub(super) trait Elem {
     fn store(value: Self::W, out: &mut [u8], big_endian: bool);
 }
 
+/// An integer element, for the exact block-sum path of `area`.
+pub(super) trait IntElem: Elem<W = f64> {
+    /// The largest magnitude a value can have.
+    const MAX_ABS: u64;
+    /// The element in `bytes` as an `i64` (exact whenever the block-sum path is taken).
+    fn load_i64(bytes: &[u8], big_endian: bool) -> i64;
+}
+
 /// `N` bytes of a slice known to be `N` long.
 fn word<const N: usize>(bytes: &[u8]) -> [u8; N] {
     let mut w = [0u8; N];
@@ -217,6 +225,20 @@ macro_rules! integer_elem {
                 } else {
                     v.to_le_bytes()
                 });
+            }
+        }
+        impl IntElem for $name {
+            const MAX_ABS: u64 = {
+                let (min, max) = (-(<$t>::MIN as i128), <$t>::MAX as i128);
+                (if min > max { min } else { max }) as u64
+            };
+            fn load_i64(bytes: &[u8], big_endian: bool) -> i64 {
+                let w = word(bytes);
+                (if big_endian {
+                    <$t>::from_be_bytes(w)
+                } else {
+                    <$t>::from_le_bytes(w)
+                }) as i64
             }
         }
     };

@@ -20,7 +20,7 @@
 use std::ops::Range;
 
 use crate::grid::Region;
-use crate::scaled::kernel::{self, Elem, Work};
+use crate::scaled::kernel::{self, Elem, IntElem, Work};
 use crate::scaled::{Method, Scale};
 use crate::source::npy::{ByteOrder, Dtype, Kind, NpyError, NpyFile};
 
@@ -98,14 +98,14 @@ fn reduce_in_tiles(
 fn area_by_dtype(job: &Job<'_>, dtype: Dtype, out: &mut [u8]) -> Result<(), ReduceError> {
     let big = dtype.order == ByteOrder::Big;
     match (dtype.kind, dtype.itemsize) {
-        (Kind::UInt, 1) => job.area::<kernel::U8>(big, out),
-        (Kind::UInt, 2) => job.area::<kernel::U16>(big, out),
-        (Kind::UInt, 4) => job.area::<kernel::U32>(big, out),
-        (Kind::UInt, 8) => job.area::<kernel::U64>(big, out),
-        (Kind::Int, 1) => job.area::<kernel::I8>(big, out),
-        (Kind::Int, 2) => job.area::<kernel::I16>(big, out),
-        (Kind::Int, 4) => job.area::<kernel::I32>(big, out),
-        (Kind::Int, 8) => job.area::<kernel::I64>(big, out),
+        (Kind::UInt, 1) => job.area_int::<kernel::U8>(big, out),
+        (Kind::UInt, 2) => job.area_int::<kernel::U16>(big, out),
+        (Kind::UInt, 4) => job.area_int::<kernel::U32>(big, out),
+        (Kind::UInt, 8) => job.area_int::<kernel::U64>(big, out),
+        (Kind::Int, 1) => job.area_int::<kernel::I8>(big, out),
+        (Kind::Int, 2) => job.area_int::<kernel::I16>(big, out),
+        (Kind::Int, 4) => job.area_int::<kernel::I32>(big, out),
+        (Kind::Int, 8) => job.area_int::<kernel::I64>(big, out),
         (Kind::Float, 2) => job.area::<kernel::F16>(big, out),
         (Kind::Float, 4) => job.area::<kernel::F32>(big, out),
         (Kind::Float, 8) => job.area::<kernel::F64>(big, out),
@@ -222,6 +222,45 @@ impl<'a> Job<'a> {
 
     /// The staged means, tile by tile (see the module docs).
     fn area<E: Elem>(&self, big_endian: bool, out: &mut [u8]) -> Result<(), ReduceError> {
+        let mut rows = Rows::<E>::new(self.rank());
+        self.tiles(out, |tile, lo, hi, out| {
+            self.area_tile::<E>(tile, lo, hi, big_endian, &mut rows, out)
+        })
+    }
+
+    /// Whether `area` of integers of `max_abs` may take the block-sum path: every factor a
+    /// power of two and every block sum below 2^53, so the sum is exact, the one division
+    /// by a power of two is exact, and the result equals the staged means bit for bit.
+    fn integer_sums_exact(&self, max_abs: u64) -> bool {
+        let block = self
+            .factors
+            .iter()
+            .try_fold(1u64, |acc, &f| acc.checked_mul(f));
+        self.factors.iter().all(|f| f.is_power_of_two())
+            && block
+                .and_then(|b| b.checked_mul(max_abs))
+                .is_some_and(|bound| bound <= 1 << 53)
+    }
+
+    /// `area` of integers as exact block sums divided once (see
+    /// [`Job::integer_sums_exact`]); the staged path otherwise.
+    fn area_int<E: IntElem>(&self, big_endian: bool, out: &mut [u8]) -> Result<(), ReduceError> {
+        if !self.integer_sums_exact(E::MAX_ABS) {
+            return self.area::<E>(big_endian, out);
+        }
+        let mut sums = Vec::new();
+        self.tiles(out, |tile, lo, hi, out| {
+            self.sum_tile::<E>(tile, lo, hi, big_endian, &mut sums, out)
+        })
+    }
+
+    /// Cuts the block into tiles of whole reduction blocks, reads each and hands it to
+    /// `each` with the outputs `[lo, hi)` it determines.
+    fn tiles(
+        &self,
+        out: &mut [u8],
+        mut each: impl FnMut(&Tile<'_>, &[u64], &[u64], &mut [u8]),
+    ) -> Result<(), ReduceError> {
         let rank = self.rank();
         // Rows of one output block along each axis (clipped at the block's end).
         let block = |a: usize| self.factors[a].min(self.extent[a]);
@@ -240,7 +279,6 @@ impl<'a> Job<'a> {
         let per_tile = (self.tile_bytes / slab(depth).max(1)).clamp(1, self.out_shape[depth]);
 
         let mut buf = Vec::new();
-        let mut rows = Rows::<E>::new(rank);
         let mut prefix = vec![0u64; depth];
         loop {
             let mut first = 0;
@@ -267,7 +305,7 @@ impl<'a> Job<'a> {
                 let mut hi: Vec<u64> = prefix.iter().map(|p| p + 1).collect();
                 hi.push(end);
                 hi.extend_from_slice(&self.out_shape[depth + 1..]);
-                self.area_tile::<E>(&tile, &lo, &hi, big_endian, &mut rows, out);
+                each(&tile, &lo, &hi, out);
                 first = end;
             }
             if !odometer(&mut prefix, &self.out_shape[..depth]) {
@@ -315,6 +353,77 @@ impl<'a> Job<'a> {
                     break;
                 }
                 index[a] = row_lo[a];
+            }
+            if !more {
+                return;
+            }
+        }
+    }
+
+    /// Writes the outputs `[lo, hi)` of one tile as exact block sums divided once.
+    fn sum_tile<E: IntElem>(
+        &self,
+        tile: &Tile<'_>,
+        lo: &[u64],
+        hi: &[u64],
+        big_endian: bool,
+        sums: &mut Vec<i64>,
+        out: &mut [u8],
+    ) {
+        let rank = self.rank();
+        let last = rank - 1;
+        let item = self.itemsize as usize;
+        let block: u64 = self.factors.iter().product();
+        let out_strides = c_strides(&vec![0; rank], &self.out_shape);
+        let (s_last, e_last) = (self.factors[last], self.extent[last]);
+        let columns = lo[last]..hi[last];
+        let mut index: Vec<u64> = lo[..last].to_vec();
+        let mut terms = vec![0u64; last];
+        loop {
+            sums.clear();
+            sums.resize((columns.end - columns.start) as usize, 0);
+            // Every source row of the output row's blocks (edge-replicated past the end).
+            terms.iter_mut().for_each(|t| *t = 0);
+            loop {
+                let row: usize = (0..last)
+                    .map(|a| {
+                        let src = (index[a] * self.factors[a] + terms[a]).min(self.extent[a] - 1);
+                        (src - tile.start[a]) as usize * tile.strides[a]
+                    })
+                    .sum();
+                for (sum, j) in sums.iter_mut().zip(columns.clone()) {
+                    for t in 0..s_last {
+                        let src = ((j * s_last + t).min(e_last - 1) - tile.start[last]) as usize;
+                        let at = (row + src) * item;
+                        *sum += E::load_i64(&tile.data[at..at + item], big_endian);
+                    }
+                }
+                if !odometer(&mut terms, &self.factors[..last]) {
+                    break;
+                }
+            }
+            let base: usize = index
+                .iter()
+                .zip(&out_strides)
+                .map(|(&i, &s)| i as usize * s)
+                .sum::<usize>()
+                + columns.start as usize;
+            for (j, &sum) in sums.iter().enumerate() {
+                let at = (base + j) * item;
+                E::store(
+                    sum as f64 / block as f64,
+                    &mut out[at..at + item],
+                    big_endian,
+                );
+            }
+            let mut more = false;
+            for a in (0..last).rev() {
+                index[a] += 1;
+                if index[a] < hi[a] {
+                    more = true;
+                    break;
+                }
+                index[a] = lo[a];
             }
             if !more {
                 return;
@@ -486,8 +595,10 @@ mod tests {
     #[test]
     fn tiles_compose_to_the_whole_reduction() {
         let dir = tempfile::tempdir().unwrap();
-        let cases: [(&str, &[u64], &[u64]); 5] = [
+        let cases: [(&str, &[u64], &[u64]); 7] = [
             ("<u2", &[5, 37, 41], &[2, 3, 4]),
+            ("<u2", &[5, 37, 41], &[1, 4, 8]),
+            (">i4", &[50, 9], &[8, 2]),
             ("<f4", &[4, 6, 33, 20], &[1, 3, 8, 20]),
             (">i2", &[50, 9], &[7, 2]),
             ("<f2", &[3, 40, 17], &[3, 16, 1]),
