@@ -297,6 +297,7 @@ impl<'a> Job<'a> {
                     data: &buf,
                     start: &start,
                     strides: c_strides(&start, &stop),
+                    last_len: (stop[rank - 1] - start[rank - 1]) as usize,
                 };
                 // Every output row of the tile.
                 let mut lo: Vec<u64> = prefix.clone();
@@ -375,7 +376,7 @@ impl<'a> Job<'a> {
         let item = self.itemsize as usize;
         let block: u64 = self.factors.iter().product();
         let out_strides = c_strides(&vec![0; rank], &self.out_shape);
-        let (s_last, e_last) = (self.factors[last], self.extent[last]);
+        let s_last = self.factors[last];
         let columns = lo[last]..hi[last];
         let mut index: Vec<u64> = lo[..last].to_vec();
         let mut terms = vec![0u64; last];
@@ -391,11 +392,21 @@ impl<'a> Job<'a> {
                         (src - tile.start[a]) as usize * tile.strides[a]
                     })
                     .sum();
+                // The tile's part of this source row along the last axis.
+                let width = tile.last_len;
+                let data = &tile.data[row * item..(row + width) * item];
                 for (sum, j) in sums.iter_mut().zip(columns.clone()) {
-                    for t in 0..s_last {
-                        let src = ((j * s_last + t).min(e_last - 1) - tile.start[last]) as usize;
-                        let at = (row + src) * item;
-                        *sum += E::load_i64(&tile.data[at..at + item], big_endian);
+                    let first = (j * s_last - tile.start[last]) as usize;
+                    let whole = (s_last as usize).min(width - first);
+                    let run = &data[first * item..(first + whole) * item];
+                    *sum += run
+                        .chunks_exact(item)
+                        .map(|b| E::load_i64(b, big_endian))
+                        .sum::<i64>();
+                    // Past the far edge the last element repeats.
+                    if whole < s_last as usize {
+                        let edge = &data[(width - 1) * item..width * item];
+                        *sum += E::load_i64(edge, big_endian) * (s_last as usize - whole) as i64;
                     }
                 }
                 if !odometer(&mut terms, &self.factors[..last]) {
@@ -536,12 +547,14 @@ impl<'a> Job<'a> {
     }
 }
 
-/// One tile of source in memory: its bytes in C order, its start (relative to the block)
-/// and its strides in elements.
+/// One tile of source in memory: its bytes in C order, its start (relative to the block),
+/// its strides in elements and its extent along the last axis.
 struct Tile<'a> {
     data: &'a [u8],
     start: &'a [u64],
     strides: Vec<usize>,
+    /// The tile's extent along the last axis.
+    last_len: usize,
 }
 
 /// Reused rows of working values: one result row per axis, the terms of a pairwise
