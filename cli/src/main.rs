@@ -109,6 +109,13 @@ struct GetArgs {
     /// Never map segment files; fetch every chunk over the socket.
     #[arg(long)]
     no_mmap: bool,
+    /// Read downsampled: one integer factor per axis, e.g. `1,4,4` (the region stays in
+    /// full-resolution coordinates).
+    #[arg(long, value_delimiter = ',', value_name = "FACTORS")]
+    scale: Option<Vec<u64>>,
+    /// Reduction of a scaled read: nearest (strided pick, the default) or area (block mean).
+    #[arg(long, requires = "scale", value_name = "METHOD")]
+    method: Option<String>,
 }
 
 fn init_logging(format: LogFormat) {
@@ -169,6 +176,10 @@ async fn main() -> anyhow::Result<()> {
                 &args.remote.location,
                 &args.array_id,
                 args.region.as_deref(),
+                args.scale.map(|factors| tessera_client::ReadScale {
+                    factors,
+                    method: args.method.unwrap_or_default(),
+                }),
                 &args.output,
                 args.no_mmap,
                 args.remote.credentials(),

@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use tessera_client::{Client, ClientError, ClientOptions, TensorInfo, parse_region, write_npy};
+use tessera_client::{
+    Client, ClientError, ClientOptions, ReadScale, TensorInfo, parse_region, write_npy,
+};
 use tessera_proto::json::CacheStats;
 use tessera_proto::units::human_bytes;
 
@@ -80,14 +82,16 @@ pub fn options(no_mmap: bool, creds: Credentials<'_>) -> Result<ClientOptions, C
     Ok(options)
 }
 
-/// `tessera get LOCATION ARRAY_ID [--region R] -o OUT [--no-mmap] [--token T] [--tls-ca F]`:
-/// reads the tensor (or the numpy-like `region` of it, see
-/// [`parse_region`]) and writes a version 1.0 C-order `.npy` with the dtype
-/// as served. Shows a percentage on stderr when stderr is a terminal.
+/// `tessera get LOCATION ARRAY_ID [--region R] [--scale F,F,… [--method M]] -o OUT [--no-mmap]
+/// [--token T] [--tls-ca F]`: reads the tensor (or the numpy-like `region` of it, see
+/// [`parse_region`]), downsampled by the server when `scale` is given, and writes a
+/// version 1.0 C-order `.npy` with the dtype as served. Shows a percentage on stderr when
+/// stderr is a terminal.
 pub async fn get(
     location: &str,
     array_id: &str,
     region: Option<&str>,
+    scale: Option<ReadScale>,
     out: &Path,
     no_mmap: bool,
     creds: Credentials<'_>,
@@ -100,7 +104,9 @@ pub async fn get(
         }
         None => None,
     };
-    let plan = client.plan(array_id, region.as_ref()).await?;
+    let plan = client
+        .plan_scaled(array_id, region.as_ref(), scale.as_ref())
+        .await?;
     let chunks = plan.needed_chunks().count();
     let mut progress = Progress::new(array_id, chunks);
     let mut report = |done: usize, _total: usize| progress.update(done, "");

@@ -34,6 +34,16 @@ use crate::location::Location;
 use crate::options::ClientOptions;
 use crate::pins::{InodeKey, PinLedger};
 use crate::plan::{Plan, PlannedChunk, plan_from_info, reply_descriptor};
+
+/// A downsampled read: one factor per axis (1 = untouched) and the server's reduction
+/// method (`nearest`, `area`; empty means the server's default, `nearest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadScale {
+    /// The factor per axis.
+    pub factors: Vec<u64>,
+    /// The reduction method's name.
+    pub method: String,
+}
 use crate::region::Region;
 
 /// gRPC decode limit: above the 64 MiB chunk cap, like biopb's 80 MiB.
@@ -290,6 +300,7 @@ impl Client {
         &self,
         array_id: &str,
         region: Option<&Region>,
+        scale: Option<&ReadScale>,
         mask: FieldMask,
     ) -> Result<FlightInfo, ClientError> {
         let read = TensorReadOption {
@@ -298,6 +309,9 @@ impl Client {
                 start: r.start.iter().map(|&v| v as i64).collect(),
                 stop: r.stop.iter().map(|&v| v as i64).collect(),
             }),
+            scale_hint: scale
+                .map_or_else(Vec::new, |s| s.factors.iter().map(|&f| f as i64).collect()),
+            reduction_method: scale.map_or_else(String::new, |s| s.method.clone()),
             fields: Some(mask),
             ..Default::default()
         };
@@ -312,7 +326,9 @@ impl Client {
 
     /// Describes one tensor (GetFlightInfo with an empty field mask).
     pub async fn describe(&self, array_id: &str) -> Result<TensorInfo, ClientError> {
-        let info = self.flight_info(array_id, None, describe_mask()).await?;
+        let info = self
+            .flight_info(array_id, None, None, describe_mask())
+            .await?;
         let descriptor = reply_descriptor(&info, array_id)?;
         tensor_info(descriptor, array_id)
     }
@@ -362,11 +378,24 @@ impl Client {
     /// GetFlightInfo and the `endpoints` mask; checks the wire protocol stamp
     /// and that the endpoints tile the realized region.
     pub async fn plan(&self, array_id: &str, region: Option<&Region>) -> Result<Plan, ClientError> {
+        self.plan_scaled(array_id, region, None).await
+    }
+
+    /// Plans a downsampled read: like [`Client::plan`], with the server reducing the
+    /// tensor by `scale` (`region` stays in full-resolution coordinates; the plan's crop
+    /// is the corresponding window of the reduced tensor).
+    pub async fn plan_scaled(
+        &self,
+        array_id: &str,
+        region: Option<&Region>,
+        scale: Option<&ReadScale>,
+    ) -> Result<Plan, ClientError> {
         let mask = FieldMask {
             paths: vec![MASK_ENDPOINTS.to_string()],
         };
-        let info = self.flight_info(array_id, region, mask).await?;
-        plan_from_info(&info, array_id, region)
+        let info = self.flight_info(array_id, region, scale, mask).await?;
+        let factors = scale.map_or(&[][..], |s| &s.factors[..]);
+        plan_from_info(&info, array_id, region, factors)
     }
 
     /// Reads `array_id` (or `region` of it) into one C-order buffer.

@@ -43,7 +43,7 @@ mod region;
 pub use chunk::{ChunkOrigin, ChunkView};
 pub use client::{
     ArrayData, Client, H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES,
-    LocalStats, MAX_MESSAGE_BYTES, TensorInfo,
+    LocalStats, MAX_MESSAGE_BYTES, ReadScale, TensorInfo,
 };
 pub use dtype::itemsize;
 pub use error::ClientError;

@@ -135,10 +135,14 @@ pub fn reply_descriptor(
 /// Cropping follows biopb (§2.4): with a requested region and a reply
 /// `slice_hint`, the crop is `requested − slice_hint.start`. A reply without
 /// `slice_hint` realized a region starting at 0, so the crop is `requested`.
+/// For a scaled read (`scale` non-empty, one factor per axis) the requested region and
+/// `slice_hint` are in base coordinates and the reply in the reduced frame: the crop is
+/// `[(start − real) // s, ceil((stop − real) / s))`.
 pub fn plan_from_info(
     info: &FlightInfo,
     array_id: &str,
     requested: Option<&Region>,
+    scale: &[u64],
 ) -> Result<Plan, ClientError> {
     check_wire_protocol(info, array_id)?;
     let descriptor = reply_descriptor(info, array_id)?;
@@ -165,14 +169,15 @@ pub fn plan_from_info(
             let mut stop = Vec::with_capacity(shape.len());
             for axis in 0..shape.len() {
                 let (a, b, r) = (req.start[axis], req.stop[axis], realized_start[axis]);
-                if a < r || b > r + shape[axis] {
+                let s = scale.get(axis).copied().unwrap_or(1).max(1);
+                if a < r || (b - r.min(b)).div_ceil(s) > shape[axis] {
                     return Err(bad(format!(
-                        "axis {axis}: realized [{r}, {}) does not contain the requested [{a}, {b})",
-                        r + shape[axis]
+                        "axis {axis}: realized [{r}, …) of reduced length {} at scale {s} does not contain the requested [{a}, {b})",
+                        shape[axis]
                     )));
                 }
-                start.push(a - r);
-                stop.push(b - r);
+                start.push((a - r) / s);
+                stop.push((b - r).div_ceil(s));
             }
             Region { start, stop }
         }
@@ -399,7 +404,7 @@ mod tests {
             tessera_proto::plan_schema(),
         );
         let requested = Region::new(vec![3, 5], vec![40, 50]);
-        let plan = plan_from_info(&reply, "img", Some(&requested)).unwrap();
+        let plan = plan_from_info(&reply, "img", Some(&requested), &[]).unwrap();
         assert_eq!(plan.shape, vec![48, 64]);
         assert_eq!(plan.crop, requested);
         assert_eq!(plan.output_shape(), vec![37, 45]);
@@ -416,7 +421,7 @@ mod tests {
             tessera_proto::plan_schema(),
         );
         let requested = Region::new(vec![20, 5], vec![33, 50]);
-        let plan = plan_from_info(&reply, "img", Some(&requested)).unwrap();
+        let plan = plan_from_info(&reply, "img", Some(&requested), &[]).unwrap();
         assert_eq!(plan.crop, Region::new(vec![4, 5], vec![17, 50]));
         assert_eq!(plan.needed_chunks().count(), 8);
     }
@@ -431,7 +436,7 @@ mod tests {
             tessera_proto::plan_schema(),
         );
         let requested = Region::new(vec![3, 0], vec![20, 16]);
-        let err = plan_from_info(&reply, "img", Some(&requested))
+        let err = plan_from_info(&reply, "img", Some(&requested), &[])
             .unwrap_err()
             .to_string();
         assert!(
@@ -444,12 +449,16 @@ mod tests {
     fn wire_protocol_stamp_is_required() {
         let chunks = grid(&[16, 16], &[16, 16]);
         let bare = info(&[16, 16], None, &chunks, tessera_proto::chunk_schema());
-        let err = plan_from_info(&bare, "img", None).unwrap_err().to_string();
+        let err = plan_from_info(&bare, "img", None, &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no 'chunk_wire_protocol' key"), "{err}");
         let stamped = tessera_proto::chunk_schema()
             .with_metadata([(CHUNK_WIRE_PROTOCOL_KEY.to_string(), "7".to_string())].into());
         let wrong = info(&[16, 16], None, &chunks, stamped);
-        let err = plan_from_info(&wrong, "img", None).unwrap_err().to_string();
+        let err = plan_from_info(&wrong, "img", None, &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("wire protocol \"7\""), "{err}");
     }
 

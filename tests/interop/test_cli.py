@@ -46,6 +46,43 @@ def test_get_writes_what_np_load_reads(start_server, fixture_dir, arrays, tmp_pa
     assert route in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("no_mmap", [False, True], ids=["mmap", "socket"])
+@pytest.mark.parametrize(
+    "name,region,scale,method",
+    [
+        ("u16_stack", None, (1, 4, 4), "area"),
+        ("u16_stack", "1:5,:,10:77", (2, 3, 4), "nearest"),
+        ("be_i2", ":,3:40", (5, 2), "area"),
+        ("f32_4d", None, (1, 2, 7, 8), None),
+    ],
+)
+def test_get_scaled_writes_the_reduction(start_server, fixture_dir, arrays, tmp_path, name, region, scale, method, no_mmap):
+    from test_scaled_reads import nearest, reduced_window, staged_area
+
+    server = start_server(fixture_dir, extra=("--chunk-target", "6KiB"))
+    out = tmp_path / "out.npy"
+    args = ["get", server.location, name, "-o", out, "--scale", ",".join(map(str, scale))]
+    if method:
+        args += ["--method", method]
+    if region:
+        args += ["--region", region]
+    if no_mmap:
+        args.append("--no-mmap")
+    done = run(*args)
+    assert done.returncode == 0, done.stderr
+    a = arrays[name]
+    whole = staged_area(a, scale) if method == "area" else nearest(a, scale)
+    if region:
+        sl = tuple(
+            slice(int(lo or 0), int(hi) if hi else d)
+            for (lo, hi), d in zip((part.split(":") for part in region.split(",")), a.shape)
+        )
+        whole = whole[reduced_window(sl, scale)]
+    got = np.load(out)
+    assert got.dtype == a.dtype
+    assert got.tobytes() == np.ascontiguousarray(whole).tobytes()
+
+
 def test_get_refuses_an_unknown_array_and_a_bad_region(start_server, fixture_dir, tmp_path):
     server = start_server(fixture_dir)
     out = tmp_path / "out.npy"
