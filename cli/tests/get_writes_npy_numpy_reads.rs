@@ -79,6 +79,7 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
                 &location,
                 id,
                 *region,
+                None,
                 &out,
                 no_mmap,
                 Credentials::default(),

@@ -313,7 +313,6 @@ impl Client {
                 .map_or_else(Vec::new, |s| s.factors.iter().map(|&f| f as i64).collect()),
             reduction_method: scale.map_or_else(String::new, |s| s.method.clone()),
             fields: Some(mask),
-            ..Default::default()
         };
         let descriptor = FlightDescriptor::new_cmd(flight_request(read));
         Ok(self
