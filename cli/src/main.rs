@@ -57,6 +57,9 @@ struct WarmArgs {
     /// Chunks warmed at once.
     #[arg(long, default_value_t = warm::DEFAULT_CONCURRENCY)]
     concurrency: usize,
+    /// Warm the computed pyramid levels the server advertises instead of full resolution.
+    #[arg(long)]
+    levels: bool,
 }
 
 /// `tessera config ...`.
@@ -206,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
                 args.remote.credentials(),
                 &args.array_ids,
                 args.concurrency,
+                args.levels,
             )
             .await
             .context("cannot warm the cache")?;

@@ -95,19 +95,31 @@ async fn warm_chunk(
 }
 
 /// Warms every chunk of `array_ids` on the server at `location`, `concurrency` at a time,
-/// drawing a progress line on stderr when it is a terminal.
+/// drawing a progress line on stderr when it is a terminal. With `levels`, warms the
+/// computed pyramid levels the server advertises instead of full resolution, so a viewer's
+/// first, coarse screen is a cache hit.
 pub async fn warm(
     location: &str,
     creds: Credentials<'_>,
     array_ids: &[String],
     concurrency: usize,
+    levels: bool,
 ) -> Result<WarmSummary, WarmError> {
     let started = Instant::now();
     // Fetched chunks only fill the server's memory cache: never map, never keep copies.
     let client = Client::connect(location, options(true, creds)?.with_copy_cache_bytes(0)).await?;
     let mut plans = Vec::new();
     for array_id in array_ids {
-        plans.push((array_id.clone(), client.plan(array_id, None).await?));
+        if levels {
+            for level in client.pyramid(array_id).await? {
+                if level.factors.iter().any(|&f| f > 1) {
+                    let plan = client.plan_scaled(array_id, None, Some(&level)).await?;
+                    plans.push((array_id.clone(), plan));
+                }
+            }
+        } else {
+            plans.push((array_id.clone(), client.plan(array_id, None).await?));
+        }
     }
     let work: Vec<(&str, &Plan, &PlannedChunk)> = plans
         .iter()

@@ -16,7 +16,7 @@ use prost::Message;
 use prost_types::FieldMask;
 use tessera_proto::consts::{
     ACTION_CACHE_STATS, ACTION_CHUNK_LOCATE, ACTION_HEALTH, AUTHORIZATION_HEADER, BEARER_PREFIX,
-    MASK_ENDPOINTS, UNKNOWN_ACTION_PREFIX,
+    MASK_ENDPOINTS, MASK_PYRAMID, UNKNOWN_ACTION_PREFIX,
 };
 use tessera_proto::json::{ActionBody, CacheStats, ChunkLocateReply, ChunkLocation};
 use tessera_proto::pb::{SliceHint, TensorDescriptor, TensorReadOption};
@@ -378,6 +378,39 @@ impl Client {
     /// and that the endpoints tile the realized region.
     pub async fn plan(&self, array_id: &str, region: Option<&Region>) -> Result<Plan, ClientError> {
         self.plan_scaled(array_id, region, None).await
+    }
+
+    /// The pyramid levels the server advertises for `array_id` (level 0 first), each as
+    /// the scale of a read of it.
+    pub async fn pyramid(&self, array_id: &str) -> Result<Vec<ReadScale>, ClientError> {
+        let mask = FieldMask {
+            paths: vec![MASK_PYRAMID.to_string()],
+        };
+        let info = self.flight_info(array_id, None, None, mask).await?;
+        let descriptor = reply_descriptor(&info, array_id)?;
+        descriptor
+            .pyramid
+            .iter()
+            .map(|level| {
+                let factors = level
+                    .scale_hint
+                    .iter()
+                    .map(|&f| {
+                        u64::try_from(f).map_err(|_| ClientError::BadPlan {
+                            array_id: array_id.to_string(),
+                            reason: format!(
+                                "pyramid level scale {:?} is negative",
+                                level.scale_hint
+                            ),
+                        })
+                    })
+                    .collect::<Result<Vec<u64>, ClientError>>()?;
+                Ok(ReadScale {
+                    factors,
+                    method: level.reduction_method.clone(),
+                })
+            })
+            .collect()
     }
 
     /// Plans a downsampled read: like [`Client::plan`], with the server reducing the

@@ -2,10 +2,15 @@
 //! and nothing is decoded again; with a memory cache, chunks are fetched instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use arrow_flight::FlightDescriptor;
+use prost::Message;
 use tessera_cli::remote::Credentials;
 use tessera_cli::warm::warm;
 use tessera_e2e::*;
+use tessera_proto::pb::{FlightRequest, TensorReadOption, flight_request};
 use tessera_server::config::CacheKind;
+use tessera_server::scaled::Method;
+use tessera_server::scaled::pyramid::PyramidPolicy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_warm_locates_hit_without_decoding() {
@@ -24,7 +29,7 @@ async fn after_warm_locates_hit_without_decoding() {
     let location = format!("grpc://{}", server.addr);
     let creds = Credentials::default();
     let ids = vec!["w1".to_string(), "w2".to_string()];
-    let summary = warm(&location, creds, &ids, 3).await.unwrap();
+    let summary = warm(&location, creds, &ids, 3, false).await.unwrap();
 
     let mut client = server.client().await;
     let mut tickets = Vec::new();
@@ -63,7 +68,7 @@ async fn after_warm_locates_hit_without_decoding() {
     );
 
     // Warming again finds everything warm.
-    let again = warm(&location, creds, &ids, 3).await.unwrap();
+    let again = warm(&location, creds, &ids, 3, false).await.unwrap();
     assert_eq!(again.located, summary.chunks);
     let last = action_json(&mut client, "cache_stats", Vec::new()).await;
     assert_eq!(last["misses"], before["misses"], "{last}");
@@ -80,7 +85,9 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
     .await;
     let location = format!("grpc://{}", server.addr);
     let creds = Credentials::default();
-    let summary = warm(&location, creds, &["m".to_string()], 2).await.unwrap();
+    let summary = warm(&location, creds, &["m".to_string()], 2, false)
+        .await
+        .unwrap();
     assert_eq!(
         (summary.chunks, summary.fetched, summary.located),
         (1, 1, 0)
@@ -90,7 +97,7 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
         "{summary}"
     );
 
-    let err = warm(&location, creds, &["nope".to_string()], 2)
+    let err = warm(&location, creds, &["nope".to_string()], 2, false)
         .await
         .unwrap_err()
         .to_string();
@@ -98,5 +105,74 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
         err.contains("'nope'") && err.contains("unknown array id"),
         "{err}"
     );
+    server.stop().await;
+}
+
+/// A read of `array_id` at `scale` with `method`, asking for endpoints.
+fn scaled_descriptor(array_id: &str, scale: &[i64], method: &str) -> FlightDescriptor {
+    let request = FlightRequest {
+        request: Some(flight_request::Request::TensorRead(TensorReadOption {
+            array_id: array_id.to_string(),
+            scale_hint: scale.to_vec(),
+            reduction_method: method.to_string(),
+            fields: Some(prost_types::FieldMask {
+                paths: vec!["endpoints".to_string()],
+            }),
+            ..Default::default()
+        })),
+    };
+    FlightDescriptor::new_cmd(request.encode_to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_levels_fills_the_advertised_pyramid_level() {
+    let dir = tempfile::tempdir().unwrap();
+    write_npy(
+        &dir.path().join("p.npy"),
+        "|u1",
+        &[200, 300],
+        &pattern(60_000, 4),
+    );
+    let server = TestServer::start_with(vec![dir.path().to_path_buf()], |config| {
+        config.chunk_target = 4096;
+        // A small policy, so a small tensor has a computed level: [4, 8] here.
+        config.pyramid = PyramidPolicy {
+            method: Method::Area,
+            threshold: 64,
+            pixel_budget_cubic_root: 64,
+            plane_max_pixels: 4096,
+            ..PyramidPolicy::default()
+        };
+    })
+    .await;
+    let location = format!("grpc://{}", server.addr);
+    let creds = Credentials::default();
+    let summary = warm(&location, creds, &["p".to_string()], 2, true)
+        .await
+        .unwrap();
+
+    let mut client = server.client().await;
+    let info = client
+        .get_flight_info(scaled_descriptor("p", &[4, 8], "area"))
+        .await
+        .unwrap();
+    assert_eq!(summary.chunks, info.endpoint.len() as u64, "{summary}");
+    assert_eq!(summary.located, summary.chunks, "{summary}");
+    let before = action_json(&mut client, "cache_stats", Vec::new()).await;
+    assert_eq!(
+        before["total_entries"], summary.chunks,
+        "only the level: {before}"
+    );
+    for endpoint in &info.endpoint {
+        let ticket = endpoint.ticket.clone().unwrap();
+        let reply = action_json(&mut client, "chunk_locate", ticket.ticket.to_vec()).await;
+        assert_eq!(reply["available"], true, "{reply}");
+    }
+    let after = action_json(&mut client, "cache_stats", Vec::new()).await;
+    assert_eq!(
+        after["misses"], before["misses"],
+        "the level is warm: {after}"
+    );
+    assert_eq!(after["total_entries"], before["total_entries"], "{after}");
     server.stop().await;
 }
