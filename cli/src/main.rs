@@ -132,27 +132,29 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn stop_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %err, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// The future that resolves on Ctrl-C or SIGTERM. The handlers are installed here, when
+/// it is called, not when the future is first polled: the server logs "listening" before
+/// its accept loop polls the shutdown future, and a SIGTERM in between would otherwise
+/// kill the process without a clean stop.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    let ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+    async move {
+        let wait = |signal: std::io::Result<tokio::signal::unix::Signal>, name: &'static str| async move {
+            match signal {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for {name}");
+                    std::future::pending::<()>().await;
+                }
             }
-            Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+        };
+        tokio::select! {
+            () = wait(ctrl_c, "Ctrl-C") => {},
+            () = wait(term, "SIGTERM") => {},
         }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
     }
 }
 
@@ -169,10 +171,11 @@ async fn main() -> anyhow::Result<()> {
             if config.paths.is_empty() {
                 tracing::warn!("no sources given: pass .npy files or directories to serve");
             }
+            let stop = stop_signal();
             let daemon = Daemon::bind(&config)
                 .await
                 .context("cannot start the server")?;
-            daemon.run(stop_signal()).await.context("server failed")?;
+            daemon.run(stop).await.context("server failed")?;
         }
         Command::Get(args) => {
             let summary = remote::get(
