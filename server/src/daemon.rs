@@ -129,7 +129,8 @@ impl Daemon {
         let state = Arc::new(
             ServiceState::new(registry, options, chunks)
                 .with_pin_limits(config.pins)
-                .with_metrics(metrics),
+                .with_metrics(metrics)
+                .with_runtime_roots(config.runtime.clone()),
         );
         state.scan_status().finish();
         let metrics_server = match config.metrics_listen {
