@@ -656,9 +656,8 @@ fn supplied_of(table: &SourceFile) -> Result<Supplied, ConfigError> {
             )));
         }
         (Some(inline), None) => {
-            let value = serde_json::to_value(inline).map_err(|e| {
-                ConfigError::Invalid(format!("[[source]] {shown}: metadata: {e}"))
-            })?;
+            let value = serde_json::to_value(inline)
+                .map_err(|e| ConfigError::Invalid(format!("[[source]] {shown}: metadata: {e}")))?;
             value.as_object().cloned()
         }
         (None, Some(file)) => {

@@ -84,13 +84,23 @@ impl ServiceState {
         index.children(key, limit)
     }
 
-    /// The `sources` row of `source_id` (what `resolve` answers), after resolving it as a
-    /// read would: an unknown id or a refused file is refused the same way.
+    /// The `sources` row of `source_id` in the columns every biopb reader decodes
+    /// (`SOURCE_ROW_COLUMNS`: what `resolve` answers), after resolving it as a read would:
+    /// an unknown id or a refused file is refused the same way.
     pub fn source_row(&self, source_id: &str) -> ServiceResult<RecordBatch> {
+        let failed = |e: arrow_schema::ArrowError| {
+            ServiceError::Internal(format!("building the row of '{source_id}': {e}"))
+        };
         let tensor = self.resolve(source_id)?;
         let snapshot = catalog::Snapshot::of_source(&self.sources.read(), &tensor.source_id);
-        catalog::tables::sources_batch(&snapshot)
-            .map_err(|e| ServiceError::Internal(format!("building the row of '{source_id}': {e}")))
+        let batch = catalog::tables::sources_batch(&snapshot).map_err(failed)?;
+        let schema = batch.schema();
+        let columns = catalog::tables::SOURCE_ROW_COLUMNS
+            .iter()
+            .map(|name| schema.index_of(name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        batch.project(&columns).map_err(failed)
     }
 
     /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).

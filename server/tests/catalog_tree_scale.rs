@@ -60,7 +60,10 @@ fn one_level_of_100_000_sources() {
 
     let (wells_time, wells) = timed(|| tree.children("srv/data/screens/2026/plate042", 2000));
     assert_eq!(wells.folders.len(), 100);
-    assert_eq!(wells.folders[7].key, "srv/data/screens/2026/plate042/well007");
+    assert_eq!(
+        wells.folders[7].key,
+        "srv/data/screens/2026/plate042/well007"
+    );
 
     let (fields_time, fields) =
         timed(|| tree.children("srv/data/screens/2026/plate042/well007", 2000));
@@ -68,9 +71,12 @@ fn one_level_of_100_000_sources() {
     assert_eq!(fields.sources[3].source_id, "p42.w7.f3");
 
     // The worst case: one flat folder of 100,000 sources, listed in full.
-    let flat = TreeIndex::build(
-        (0..100_000).map(|i| (vec!["flat".to_string(), format!("s{i:06}.npy")], format!("s{i}"))),
-    );
+    let flat = TreeIndex::build((0..100_000).map(|i| {
+        (
+            vec!["flat".to_string(), format!("s{i:06}.npy")],
+            format!("s{i}"),
+        )
+    }));
     let (flat_time, level) = timed(|| flat.children("flat", MAX_LIMIT));
     assert_eq!(level.sources.len(), 100_000);
     assert!(!level.truncated);

@@ -25,6 +25,16 @@ pub const TENSORS: &str = "tensors";
 /// Every catalog table, in the order ListFlights reports them.
 pub const TABLES: [&str; 2] = [SOURCES, TENSORS];
 
+/// The columns of a source's row every biopb reader decodes (the client's
+/// `SOURCE_ROW_COLUMNS`): what `resolve` answers.
+pub const SOURCE_ROW_COLUMNS: [&str; 5] = [
+    "source_id",
+    "source_url",
+    "source_type",
+    "is_resolved",
+    "tensors",
+];
+
 /// The only source type Tessera serves.
 const SOURCE_TYPE: &str = "npy";
 

@@ -139,7 +139,10 @@ impl TreeIndex {
         let (start, end) = if here.is_empty() {
             (0, self.entries.len())
         } else {
-            (self.first_at(&here), self.first_at(&format!("{here}{NEXT}")))
+            (
+                self.first_at(&here),
+                self.first_at(&format!("{here}{NEXT}")),
+            )
         };
         let skip = if here.is_empty() { 0 } else { here.len() + 1 };
         let rest = |e: &Entry| -> String {
@@ -291,7 +294,11 @@ mod tests {
         assert_eq!(names(&level), (vec!["a"], vec![]));
         assert!(level.truncated);
         assert!(!tree.children("t", 4).truncated);
-        assert_eq!(tree.children("t", 0).folders.len(), 1, "limit is at least 1");
+        assert_eq!(
+            tree.children("t", 0).folders.len(),
+            1,
+            "limit is at least 1"
+        );
     }
 
     #[test]

@@ -14,9 +14,9 @@ use tessera_proto::consts::{
 };
 use tessera_proto::json::{ChunkLocateReply, Health};
 use tessera_proto::pb::{
-    AddSourceFailure, AddSourceProgress, AddSourceRequest, AddSourceResult,
-    AddSourceStreamMessage, RemoveSourceRequest, RemoveSourceResult, ResolveProgress,
-    ResolveStreamMessage, add_source_stream_message, resolve_stream_message,
+    AddSourceFailure, AddSourceProgress, AddSourceRequest, AddSourceResult, AddSourceStreamMessage,
+    RemoveSourceRequest, RemoveSourceResult, ResolveProgress, ResolveStreamMessage,
+    add_source_stream_message, resolve_stream_message,
 };
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
 
@@ -135,17 +135,23 @@ fn resolve(state: &ServiceState, body: &[u8]) -> ServiceResult<BoxStream<arrow_f
     let source_id = std::str::from_utf8(body).map_err(|_| {
         ServiceError::InvalidArgument("resolve takes a source id as UTF-8 text".to_string())
     })?;
-    let row = state.source_row(source_id)?;
+    let row = state
+        .source_row(source_id)
+        .map_err(ServiceError::as_value_error)?;
     let (target_name, target_bytes) = state
         .sources()
         .read()
         .get(source_id)
         .map(|t| {
             let path = t.file.path();
-            let name = path
-                .file_name()
-                .map_or_else(|| source_id.to_string(), |n| n.to_string_lossy().into_owned());
-            (name, i64::try_from(t.file.identity().size).unwrap_or(i64::MAX))
+            let name = path.file_name().map_or_else(
+                || source_id.to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            (
+                name,
+                i64::try_from(t.file.identity().size).unwrap_or(i64::MAX),
+            )
         })
         .unwrap_or_else(|| (source_id.to_string(), 0));
     let progress = ResolveStreamMessage {
@@ -179,9 +185,8 @@ fn add_source(
     state: &Arc<ServiceState>,
     body: &[u8],
 ) -> ServiceResult<BoxStream<arrow_flight::Result>> {
-    let request = AddSourceRequest::decode(body).map_err(|e| {
-        ServiceError::InvalidArgument(format!("malformed add_source request: {e}"))
-    })?;
+    let request = AddSourceRequest::decode(body)
+        .map_err(|e| ServiceError::InvalidArgument(format!("malformed add_source request: {e}")))?;
     if !matches!(request.source_type.as_str(), "" | "npy") {
         return Err(ServiceError::InvalidArgument(format!(
             "source_type '{}' is not served by Tessera: it serves .npy files only (leave it empty or 'npy')",
@@ -205,7 +210,9 @@ fn add_source(
             tx.blocking_send(result(&progress)).is_ok()
         });
         let done = AddSourceStreamMessage {
-            payload: Some(add_source_stream_message::Payload::Result(add_result(report))),
+            payload: Some(add_source_stream_message::Payload::Result(add_result(
+                report,
+            ))),
         };
         // The client may have gone; what was registered stays registered.
         let _ = tx.blocking_send(result(&done));
@@ -239,8 +246,7 @@ fn remove_source(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
     if state.runtime_roots().roots.is_empty() {
         return Err(runtime_refusal(RuntimeError::Disabled));
     }
-    let removed =
-        runtime::remove(state.sources(), &request.root_url).map_err(runtime_refusal)?;
+    let removed = runtime::remove(state.sources(), &request.root_url).map_err(runtime_refusal)?;
     Ok(Bytes::from(
         RemoveSourceResult {
             removed,

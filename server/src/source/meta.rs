@@ -135,8 +135,8 @@ pub struct SourceMeta {
 fn micrometres_per(unit: &str) -> Option<f64> {
     Some(match unit.trim().to_lowercase().as_str() {
         "nm" | "nanometer" | "nanometre" | "nanometers" | "nanometres" => 1e-3,
-        "um" | "µm" | "μm" | "micron" | "microns" | "micrometer" | "micrometre"
-        | "micrometers" | "micrometres" => 1.0,
+        "um" | "µm" | "μm" | "micron" | "microns" | "micrometer" | "micrometre" | "micrometers"
+        | "micrometres" => 1.0,
         "mm" | "millimeter" | "millimetre" | "millimeters" | "millimetres" => 1e3,
         "cm" | "centimeter" | "centimetre" | "centimeters" | "centimetres" => 1e4,
         "m" | "meter" | "metre" | "meters" | "metres" => 1e6,

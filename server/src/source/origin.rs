@@ -103,8 +103,14 @@ mod tests {
             label: "exp".into(),
             root: "/r/exp".into(),
         };
-        assert_eq!(origin.url(Path::new("/r/exp/sub/a.npy")), "dnd://exp/sub/a.npy");
-        assert_eq!(origin.tree_parts(Path::new("/r/exp/a.npy")), ["exp", "a.npy"]);
+        assert_eq!(
+            origin.url(Path::new("/r/exp/sub/a.npy")),
+            "dnd://exp/sub/a.npy"
+        );
+        assert_eq!(
+            origin.tree_parts(Path::new("/r/exp/a.npy")),
+            ["exp", "a.npy"]
+        );
         let file = Origin::Dropped {
             label: "one.npy".into(),
             root: "/r/one.npy".into(),

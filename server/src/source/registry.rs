@@ -485,7 +485,12 @@ impl Registry {
             if self.tensors.contains_key(id) || self.refused.contains_key(id) {
                 continue;
             }
-            self.carry(current, id, current.tensors.get(id), current.refused.get(id));
+            self.carry(
+                current,
+                id,
+                current.tensors.get(id),
+                current.refused.get(id),
+            );
         }
         self.generation = next_generation();
         self

@@ -105,7 +105,11 @@ pub struct AddPlan {
 }
 
 /// `url` (a path or a `file://` url) checked against `config`: resolved and under a root.
-pub fn plan_add(sources: &Sources, config: &RuntimeRoots, url: &str) -> Result<AddPlan, RuntimeError> {
+pub fn plan_add(
+    sources: &Sources,
+    config: &RuntimeRoots,
+    url: &str,
+) -> Result<AddPlan, RuntimeError> {
     if config.roots.is_empty() {
         return Err(RuntimeError::Disabled);
     }
@@ -175,7 +179,11 @@ impl AddPlan {
     /// Registers the plan's files. `progress(count, path)` is called after each source
     /// registered; when it returns false (the client went away) the walk stops, keeping
     /// what it registered.
-    pub fn run(self, sources: &Sources, mut progress: impl FnMut(usize, &Path) -> bool) -> AddReport {
+    pub fn run(
+        self,
+        sources: &Sources,
+        mut progress: impl FnMut(usize, &Path) -> bool,
+    ) -> AddReport {
         let mut report = AddReport::default();
         let files = match self.files() {
             Ok(files) => files,
@@ -197,17 +205,15 @@ impl AddPlan {
                 Ok(r) => {
                     report.failed.push((
                         file.display().to_string(),
-                        format!(
-                            "resolves to '{}', outside add_source_roots",
-                            r.display()
-                        ),
+                        format!("resolves to '{}', outside add_source_roots", r.display()),
                     ));
                     continue;
                 }
                 Err(e) => {
-                    report
-                        .failed
-                        .push((file.display().to_string(), format!("cannot be resolved: {e}")));
+                    report.failed.push((
+                        file.display().to_string(),
+                        format!("cannot be resolved: {e}"),
+                    ));
                     continue;
                 }
             };
@@ -285,7 +291,13 @@ impl AddPlan {
         let mut registry = sources.write();
         let gone: Vec<String> = registry
             .tensors()
-            .map(|t| (t.source_id.clone(), t.origin.clone(), t.file.path().to_path_buf()))
+            .map(|t| {
+                (
+                    t.source_id.clone(),
+                    t.origin.clone(),
+                    t.file.path().to_path_buf(),
+                )
+            })
             .chain(
                 registry
                     .refused()
@@ -306,14 +318,18 @@ impl AddPlan {
 /// Lists `.npy` files under `dir` (recursively, not following directory links); refused
 /// once more than `max` are found.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: cannot be listed: {e}", dir.display()))?;
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("{}: cannot be listed: {e}", dir.display()))?;
     for entry in entries {
         let entry = entry.map_err(|e| format!("{}: cannot be listed: {e}", dir.display()))?;
         let path = entry.path();
-        let Ok(kind) = entry.file_type() else { continue };
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
         if kind.is_dir() {
             walk(&path, out, max)?;
-        } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file()) {
+        } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file())
+        {
             out.push(path);
             if out.len() > max {
                 return Err(format!(
@@ -345,7 +361,8 @@ pub fn remove(sources: &Sources, root_url: &str) -> Result<Vec<String>, RuntimeE
                 .map(|r| (r.source_id.clone(), r.origin.clone(), r.source_url())),
         )
         .filter(|(_, origin, url)| {
-            origin.is_dropped() && (url == root_url.trim_end_matches('/') || url.starts_with(&prefix))
+            origin.is_dropped()
+                && (url == root_url.trim_end_matches('/') || url.starts_with(&prefix))
         })
         .map(|(id, _, _)| id)
         .collect();
