@@ -910,6 +910,63 @@ pub(crate) mod tests {
         assert!(copy.contains("root:x:0"), "{copy}");
     }
 
+    fn dropped(root: &Path) -> Settings {
+        Settings {
+            origin: Origin::Dropped {
+                label: "drop".into(),
+                root: root.to_path_buf(),
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_rescan_keeps_the_runtime_sources_of_the_swap_not_of_its_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        npy(&dir.path().join("conf.npy"), &[2], &[1, 2]);
+        let inbox = tempfile::tempdir().unwrap();
+        npy(&inbox.path().join("a.npy"), &[1], &[3]);
+        npy(&inbox.path().join("b.npy"), &[1], &[4]);
+        let specs = [SourceSpec::from(dir.path().to_path_buf())];
+        let (mut current, _) = Registry::scan(&specs, &options());
+        let a = current
+            .add("drop.a", &inbox.path().join("a.npy"), dropped(inbox.path()), &options())
+            .unwrap();
+        let before = current.generation();
+        // A rescan starts from this snapshot; meanwhile `a` is removed and `b` added.
+        let snapshot = current.clone();
+        assert!(current.remove(&a));
+        let b = current
+            .add("drop.b", &inbox.path().join("b.npy"), dropped(inbox.path()), &options())
+            .unwrap();
+        assert_ne!(current.generation(), before);
+        let rescanned = snapshot.rebuild(&Discovery::run(&specs), |_| false, &options());
+        assert!(rescanned.get(&a).is_some(), "a rebuild alone keeps runtime sources");
+        let swapped = rescanned.with_runtime_of(&current);
+        assert!(swapped.get(&a).is_none(), "removed during the rescan: stays removed");
+        assert_eq!(swapped.get(&b).unwrap().source_url(), "dnd://drop/b.npy");
+        assert!(swapped.get("conf").is_some());
+        assert!(!swapped.origin("conf").is_dropped());
+    }
+
+    #[test]
+    fn runtime_ids_never_take_a_served_id_and_bad_files_are_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        npy(&dir.path().join("x.npy"), &[1], &[1]);
+        std::fs::write(dir.path().join("bad.npy"), b"nope").unwrap();
+        let mut registry = Registry::default();
+        let first = registry
+            .add("x", &dir.path().join("x.npy"), dropped(dir.path()), &options())
+            .unwrap();
+        let second = registry
+            .add("x", &dir.path().join("x.npy"), dropped(dir.path()), &options())
+            .unwrap();
+        assert_eq!((first.as_str(), second.as_str()), ("x", "x-2"));
+        let refused = registry.add("bad", &dir.path().join("bad.npy"), dropped(dir.path()), &options());
+        assert!(refused.unwrap_err().contains("not a .npy file"));
+        assert!(registry.refused_source("bad").is_none());
+    }
+
     #[test]
     fn sanitize_keeps_safe_characters_only() {
         assert_eq!(sanitize("a b/c'd.e-f_g"), "a_b_c_d.e-f_g");
