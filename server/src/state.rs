@@ -68,20 +68,24 @@ impl ServiceState {
     /// One level of the catalog tree (`catalog_children`). The tree is built once per
     /// registry generation, so a level costs a few binary searches.
     pub fn catalog_children(&self, key: &str, limit: usize) -> Level {
-        let index = {
-            let registry = self.sources.read();
-            let generation = registry.generation();
-            let mut cached = self.tree.lock();
-            match cached.as_ref() {
-                Some((built, index)) if *built == generation => index.clone(),
-                _ => {
-                    let index = Arc::new(TreeIndex::of(&registry));
-                    *cached = Some((generation, index.clone()));
-                    index
-                }
+        self.catalog_tree().children(key, limit)
+    }
+
+    /// The catalog tree of the current registry, built now if the set of sources changed
+    /// since it was last built. Called (blocking) after every change of the set, so a
+    /// `catalog_children` rarely pays for the build.
+    pub fn catalog_tree(&self) -> Arc<TreeIndex> {
+        let registry = self.sources.read();
+        let generation = registry.generation();
+        let mut cached = self.tree.lock();
+        match cached.as_ref() {
+            Some((built, index)) if *built == generation => index.clone(),
+            _ => {
+                let index = Arc::new(TreeIndex::of(&registry));
+                *cached = Some((generation, index.clone()));
+                index
             }
-        };
-        index.children(key, limit)
+        }
     }
 
     /// The `sources` row of `source_id` in the columns every biopb reader decodes

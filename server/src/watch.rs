@@ -74,6 +74,9 @@ impl Watcher {
             if let Some(next) = next {
                 tracing::debug!(sources = next.len(), "registry updated from disk");
                 state.replace_registry(next);
+                let tree_state = state.clone();
+                // The catalog tree of the new set, built off the request path.
+                let _ = tokio::task::spawn_blocking(move || tree_state.catalog_tree()).await;
             }
             state.scan_status().finish();
         }

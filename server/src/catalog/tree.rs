@@ -14,6 +14,9 @@
 
 use serde::Serialize;
 
+use std::path::Path;
+
+use crate::source::origin::Origin;
 use crate::source::registry::Registry;
 
 /// Separator of the segments of a stored folder.
@@ -75,18 +78,23 @@ impl TreeIndex {
     /// The index of `sources`: each source's url path segments (folders then its own name)
     /// and its id. A source with no segment sits at the top, named by its id.
     pub fn build(sources: impl IntoIterator<Item = (Vec<String>, String)>) -> TreeIndex {
-        let mut entries: Vec<Entry> = sources
-            .into_iter()
-            .map(|(mut parts, source_id)| {
-                parts.retain(|p| !p.is_empty());
-                let name = parts.pop().unwrap_or_else(|| source_id.clone());
-                Entry {
-                    dir: parts.join(&SEP.to_string()),
-                    name,
-                    source_id,
-                }
-            })
-            .collect();
+        Self::sorted(
+            sources
+                .into_iter()
+                .map(|(mut parts, source_id)| {
+                    parts.retain(|p| !p.is_empty());
+                    let name = parts.pop().unwrap_or_else(|| source_id.clone());
+                    Entry {
+                        dir: parts.join(&SEP.to_string()),
+                        name,
+                        source_id,
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    fn sorted(mut entries: Vec<Entry>) -> TreeIndex {
         entries.sort_unstable_by(|a, b| {
             (a.dir.as_str(), a.name.as_str(), a.source_id.as_str()).cmp(&(
                 b.dir.as_str(),
@@ -99,16 +107,16 @@ impl TreeIndex {
 
     /// The index of every source of `registry`, served or refused.
     pub fn of(registry: &Registry) -> TreeIndex {
-        TreeIndex::build(
-            registry
-                .tensors()
-                .map(|t| (t.origin.tree_parts(t.file.path()), t.source_id.clone()))
-                .chain(
-                    registry
-                        .refused()
-                        .map(|r| (r.origin.tree_parts(&r.path), r.source_id.clone())),
-                ),
-        )
+        let entries = registry
+            .tensors()
+            .map(|t| entry(&t.origin, t.file.path(), &t.source_id))
+            .chain(
+                registry
+                    .refused()
+                    .map(|r| entry(&r.origin, &r.path, &r.source_id)),
+            )
+            .collect();
+        Self::sorted(entries)
     }
 
     /// How many sources the index holds.
@@ -209,6 +217,33 @@ impl TreeIndex {
             sources,
             truncated,
         }
+    }
+}
+
+/// The entry of the source `source_id` at `path`: for a configured file its folder is its
+/// parent directory, spelled with [`SEP`] in one pass.
+fn entry(origin: &Origin, path: &Path, source_id: &str) -> Entry {
+    let (Origin::Configured, Some(parent), Some(name)) = (origin, path.parent(), path.file_name())
+    else {
+        let mut parts = origin.tree_parts(path);
+        parts.retain(|p| !p.is_empty());
+        let name = parts.pop().unwrap_or_else(|| source_id.to_string());
+        return Entry {
+            dir: parts.join(&SEP.to_string()),
+            name,
+            source_id: source_id.to_string(),
+        };
+    };
+    let parent = parent.to_string_lossy();
+    let dir: String = parent
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(&SEP.to_string());
+    Entry {
+        dir,
+        name: name.to_string_lossy().into_owned(),
+        source_id: source_id.to_string(),
     }
 }
 

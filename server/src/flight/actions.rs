@@ -67,7 +67,7 @@ fn json(value: &impl serde::Serialize) -> ServiceResult<Bytes> {
 }
 
 /// Runs the action named `kind` with `body` and returns the one result body.
-pub async fn run(state: &ServiceState, kind: &str, body: &[u8]) -> ServiceResult<Bytes> {
+pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceResult<Bytes> {
     match kind {
         ACTION_HEALTH => json(&health(state)),
         ACTION_CHUNK_LOCATE => json(&chunk_locate(state, body).await?),
@@ -216,6 +216,7 @@ fn add_source(
         };
         // The client may have gone; what was registered stays registered.
         let _ = tx.blocking_send(result(&done));
+        worker_state.catalog_tree();
     });
     Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (Ok(item), rx))
@@ -239,7 +240,7 @@ fn add_result(report: AddReport) -> AddSourceResult {
 }
 
 /// Removes the runtime sources at or under a `dnd://` url.
-fn remove_source(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
+fn remove_source(state: &Arc<ServiceState>, body: &[u8]) -> ServiceResult<Bytes> {
     let request = RemoveSourceRequest::decode(body).map_err(|e| {
         ServiceError::InvalidArgument(format!("malformed remove_source request: {e}"))
     })?;
@@ -247,6 +248,10 @@ fn remove_source(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
         return Err(runtime_refusal(RuntimeError::Disabled));
     }
     let removed = runtime::remove(state.sources(), &request.root_url).map_err(runtime_refusal)?;
+    if !removed.is_empty() {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || state.catalog_tree());
+    }
     Ok(Bytes::from(
         RemoveSourceResult {
             removed,

@@ -930,20 +930,36 @@ pub(crate) mod tests {
         let specs = [SourceSpec::from(dir.path().to_path_buf())];
         let (mut current, _) = Registry::scan(&specs, &options());
         let a = current
-            .add("drop.a", &inbox.path().join("a.npy"), dropped(inbox.path()), &options())
+            .add(
+                "drop.a",
+                &inbox.path().join("a.npy"),
+                dropped(inbox.path()),
+                &options(),
+            )
             .unwrap();
         let before = current.generation();
         // A rescan starts from this snapshot; meanwhile `a` is removed and `b` added.
         let snapshot = current.clone();
         assert!(current.remove(&a));
         let b = current
-            .add("drop.b", &inbox.path().join("b.npy"), dropped(inbox.path()), &options())
+            .add(
+                "drop.b",
+                &inbox.path().join("b.npy"),
+                dropped(inbox.path()),
+                &options(),
+            )
             .unwrap();
         assert_ne!(current.generation(), before);
         let rescanned = snapshot.rebuild(&Discovery::run(&specs), |_| false, &options());
-        assert!(rescanned.get(&a).is_some(), "a rebuild alone keeps runtime sources");
+        assert!(
+            rescanned.get(&a).is_some(),
+            "a rebuild alone keeps runtime sources"
+        );
         let swapped = rescanned.with_runtime_of(&current);
-        assert!(swapped.get(&a).is_none(), "removed during the rescan: stays removed");
+        assert!(
+            swapped.get(&a).is_none(),
+            "removed during the rescan: stays removed"
+        );
         assert_eq!(swapped.get(&b).unwrap().source_url(), "dnd://drop/b.npy");
         assert!(swapped.get("conf").is_some());
         assert!(!swapped.origin("conf").is_dropped());
@@ -956,13 +972,28 @@ pub(crate) mod tests {
         std::fs::write(dir.path().join("bad.npy"), b"nope").unwrap();
         let mut registry = Registry::default();
         let first = registry
-            .add("x", &dir.path().join("x.npy"), dropped(dir.path()), &options())
+            .add(
+                "x",
+                &dir.path().join("x.npy"),
+                dropped(dir.path()),
+                &options(),
+            )
             .unwrap();
         let second = registry
-            .add("x", &dir.path().join("x.npy"), dropped(dir.path()), &options())
+            .add(
+                "x",
+                &dir.path().join("x.npy"),
+                dropped(dir.path()),
+                &options(),
+            )
             .unwrap();
         assert_eq!((first.as_str(), second.as_str()), ("x", "x-2"));
-        let refused = registry.add("bad", &dir.path().join("bad.npy"), dropped(dir.path()), &options());
+        let refused = registry.add(
+            "bad",
+            &dir.path().join("bad.npy"),
+            dropped(dir.path()),
+            &options(),
+        );
         assert!(refused.unwrap_err().contains("not a .npy file"));
         assert!(registry.refused_source("bad").is_none());
     }
