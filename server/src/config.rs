@@ -877,6 +877,51 @@ mod tests {
     }
 
     #[test]
+    fn source_metadata_and_runtime_roots_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("m.json");
+        std::fs::write(&meta, r#"{"objective": "60x"}"#).unwrap();
+        let config = resolve_file(
+            &format!(
+                "add_source_roots = [\"/data/inbox\"]\nadd_source_max_files = 7\n\
+                 [[source]]\npath = \"/d/a.npy\"\nphysical_scale = [0.5, 0.1]\n\
+                 physical_unit = \"um\"\nmetadata_file = \"{}\"\n",
+                meta.display()
+            ),
+            ServeArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(config.runtime.roots, [PathBuf::from("/data/inbox")]);
+        assert_eq!(config.runtime.max_files, 7);
+        let supplied = config.sources()[0].options.supplied.clone().unwrap();
+        assert_eq!(supplied.physical_scale, Some(vec![0.5, 0.1]));
+        assert_eq!(supplied.metadata.as_ref().unwrap()["objective"], "60x");
+        let flags = ServeArgs {
+            add_source_roots: vec![PathBuf::from("/flag/root")],
+            ..Default::default()
+        };
+        let config = resolve_file("add_source_roots = [\"/file/root\"]\n", flags).unwrap();
+        assert_eq!(config.runtime.roots, [PathBuf::from("/flag/root")]);
+
+        let err = |text: &str| {
+            resolve_file(text, ServeArgs::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("add_source_roots = [\"relative\"]\n");
+        assert!(e.contains("relative") && e.contains("absolute"), "{e}");
+        let e = err(&format!(
+            "[[source]]\npath = \"/a.npy\"\nmetadata = {{ a = 1 }}\nmetadata_file = \"{}\"\n",
+            meta.display()
+        ));
+        assert!(e.contains("not both"), "{e}");
+        let e = err("[[source]]\npath = \"/a.npy\"\nmetadata = { shape = 1 }\n");
+        assert!(e.contains("shape"), "{e}");
+        let e = err("[[source]]\npath = \"/a.npy\"\nphysical_scale = [-1.0]\n");
+        assert!(e.contains("-1"), "{e}");
+    }
+
+    #[test]
     fn durations_parse_with_units() {
         assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));

@@ -3,7 +3,9 @@
 physical scale (config and sidecar), register_local_path / deregister_local_path."""
 import json
 import os
+import socket
 import time
+import urllib.request
 
 import numpy as np
 import pyarrow.flight as flight
@@ -13,6 +15,12 @@ from biopb.tensor import TensorFlightClient
 from test_tls import make_cert
 
 TOKEN = "catalog-token_0123456789abcdef"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def client_of(server, **kw):
@@ -241,7 +249,10 @@ def test_runtime_sources_are_refused_unless_roots_are_configured(start_server, f
 
 
 def test_register_local_path_serves_a_folder_with_progress(start_server, fixture_dir, inbox, arrays):
-    server = start_server(fixture_dir, extra=("--add-source-root", inbox))
+    metrics_addr = f"127.0.0.1:{free_port()}"
+    server = start_server(
+        fixture_dir, extra=("--add-source-root", inbox, "--metrics-listen", metrics_addr)
+    )
     client = client_of(server)
     seen = []
     result = client.register_local_path(str(inbox / "exp"), on_progress=seen.append)
@@ -261,6 +272,10 @@ def test_register_local_path_serves_a_folder_with_progress(start_server, fixture
     assert {"name": "exp", "key": "exp"} in top["folders"]
     assert client.catalog_children("exp")["sources"] == [{"name": "a.npy", "source_id": "exp.a"}]
     assert client.health_check()["source_count"] == len(os.listdir(fixture_dir)) + 2
+    listed = [f.descriptor.path[0].decode() for f in flight.connect(server.location).list_flights()]
+    assert {"exp.a", "exp.sub.b"} <= set(listed)
+    metrics = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=10).read().decode()
+    assert f"tessera_sources {len(os.listdir(fixture_dir)) + 2}" in metrics
 
     # Again: rebuilt against the files as they are now; a file gone is removed.
     np.save(inbox / "exp" / "a.npy", arrays["u8_rgb"])
