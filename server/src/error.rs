@@ -197,6 +197,18 @@ mod tests {
     }
 
     #[test]
+    fn value_refusals_are_bare_invalid_argument_with_the_message() {
+        let status = Status::from(ServiceError::UnknownSource("nope".to_string()).as_value_error());
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("'nope'"), "{}", status.message());
+        assert!(status.metadata().get("x-arrow-status").is_none());
+        assert!(status.details().is_empty());
+        // Server faults keep their own class.
+        let internal = ServiceError::Internal("disk".to_string()).as_value_error();
+        assert_eq!(Status::from(internal).code(), Code::Internal);
+    }
+
+    #[test]
     fn the_worst_case_status_fits_a_16_kib_header_list() {
         for text in [
             "%".repeat(1 << 20),
