@@ -177,7 +177,8 @@ fn under_any(path: &Path, roots: &[PathBuf]) -> bool {
 
 impl AddPlan {
     /// Registers the plan's files. `progress(count, path)` is called after each source
-    /// registered; when it returns false (the client went away) the walk stops, keeping
+    /// registered (added, or already served and refreshed: `count` of them so far); a file
+    /// that fails is only reported in the result. When `progress` returns false (the client went away) the walk stops, keeping
     /// what it registered.
     pub fn run(
         self,
@@ -235,7 +236,10 @@ impl AddPlan {
                 };
                 match sources.write().add(&base, file, settings, &options) {
                     Ok(id) => report.added.push(id),
-                    Err(reason) => report.failed.push((file.display().to_string(), reason)),
+                    Err(reason) => {
+                        report.failed.push((file.display().to_string(), reason));
+                        continue;
+                    }
                 }
             }
             count += 1;
