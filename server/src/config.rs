@@ -39,7 +39,8 @@
 //! Runtime sources (`add_source`): `add_source_roots = ["/data/inbox"]` (none by default:
 //! refused) and `add_source_max_files = 10000`.
 //!
-//! Operations keys: `watch = true` and `watch_interval = "2s"` (live directories),
+//! Operations keys: `watch = false` (sources are rescanned by default) and
+//! `watch_interval = "2s"` (live directories),
 //! `metrics_listen = "127.0.0.1:9815"`, `log_format = "json"`. Every key, flag and
 //! environment variable is documented in `docs/configuration.md`.
 
@@ -309,7 +310,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TESSERA_CACHE_GROUP_READABLE")]
     pub cache_group_readable: bool,
     /// Rescan the sources every --watch-interval and serve added, changed and removed
-    /// .npy files without a restart (`--watch=false` turns off a config file's `watch`).
+    /// .npy files without a restart [default: true; `--watch=false` turns it off]. Given
+    /// explicitly, a source path that does not exist yet is awaited instead of refused.
     #[arg(long, env = "TESSERA_WATCH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub watch: Option<bool>,
     /// Time between rescans with --watch, e.g. 2s, 500ms, 1m [default: 2s].
@@ -372,8 +374,11 @@ pub struct ServeConfig {
     pub cache_group_readable: bool,
     /// Id alias and axis labels of configured paths (keys as in `paths`).
     pub source_options: BTreeMap<PathBuf, SourceOptions>,
-    /// Rescan the sources periodically.
+    /// Rescan the sources periodically (the default).
     pub watch: bool,
+    /// Watching was asked for by a flag, variable or config key, not only defaulted: a
+    /// source path that does not exist yet is then awaited rather than an error.
+    pub watch_requested: bool,
     /// Time between rescans.
     pub watch_interval: Duration,
     /// Address of the Prometheus `/metrics` endpoint, if any.
@@ -416,6 +421,7 @@ impl ServeConfig {
             cache_group_readable: false,
             source_options: BTreeMap::new(),
             watch: false,
+            watch_requested: false,
             watch_interval: DEFAULT_WATCH_INTERVAL,
             metrics_listen: None,
             log_format: LogFormat::Text,
@@ -592,7 +598,8 @@ impl ServeConfig {
             cache_group_readable: args.cache_group_readable
                 || cache_file.group_readable.unwrap_or(false),
             source_options,
-            watch: args.watch.or(file.watch).unwrap_or(false),
+            watch: args.watch.or(file.watch).unwrap_or(true),
+            watch_requested: args.watch.or(file.watch) == Some(true),
             watch_interval,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             log_format: file.log_format.unwrap_or_default(),
@@ -808,7 +815,7 @@ mod tests {
             Some(vec!["y".to_string(), "x".to_string()])
         );
         assert_eq!(sources[0].options, SourceOptions::default());
-        assert!(config.watch);
+        assert!(config.watch && config.watch_requested);
         assert_eq!(config.watch_interval, Duration::from_millis(250));
         assert_eq!(config.metrics_listen.unwrap().port(), 9100);
         assert_eq!(config.log_format, LogFormat::Json);
@@ -818,7 +825,8 @@ mod tests {
     fn defaults_apply_when_the_file_is_silent() {
         let config = resolve_file("", ServeArgs::default()).unwrap();
         assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
-        assert!(!config.watch);
+        assert!(config.watch, "directories are watched by default");
+        assert!(!config.watch_requested);
         assert_eq!(config.watch_interval, DEFAULT_WATCH_INTERVAL);
         assert_eq!(config.metrics_listen, None);
         assert_eq!(config.log_format, LogFormat::Text);

@@ -79,9 +79,8 @@ impl TesseraFlight {
     ) -> ServiceResult<FlightInfo> {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
-                let request = decode_flight_request(&descriptor.cmd).map_err(|e| {
-                    ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}"))
-                })?;
+                let request = decode_flight_request(&descriptor.cmd)
+                    .map_err(|e| malformed_command(&descriptor.cmd, &e))?;
                 let tensor = self.state.resolve(&request.array_id)?;
                 plan::plan(&tensor, &request, &request.encode_to_vec(), route)
             }
@@ -111,6 +110,50 @@ impl TesseraFlight {
     }
 }
 
+/// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
+/// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
+/// message shows the PATH form that names a tensor by id.
+fn malformed_command(cmd: &[u8], err: &tessera_proto::ProtoError) -> ServiceError {
+    let bare_id = std::str::from_utf8(cmd).ok().filter(|text| {
+        !text.is_empty()
+            && text.len() <= 256
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c))
+    });
+    match bare_id {
+        Some(id) => ServiceError::InvalidArgument(format!(
+            "a CMD descriptor holds a serialized biopb FlightRequest, not an array id; to \
+             name a tensor by id use a PATH descriptor: FlightDescriptor.for_path(\"{id}\") \
+             in pyarrow (ListFlights lists them)"
+        )),
+        None => ServiceError::InvalidArgument(format!(
+            "malformed GetFlightInfo command: {err}; a CMD descriptor holds a serialized \
+             biopb FlightRequest (a PATH descriptor names a tensor by id)"
+        )),
+    }
+}
+
+/// What ListFlights lists for `criteria`: the served tensors (empty criteria), or the
+/// catalog's tables (`catalog`), never both, so a generic tool's listing holds only arrays.
+fn listing_of(criteria: &[u8]) -> ServiceResult<Listing> {
+    match criteria {
+        b"" => Ok(Listing::Tensors),
+        b"catalog" => Ok(Listing::CatalogTables),
+        other => Err(ServiceError::InvalidArgument(format!(
+            "ListFlights criteria '{}' is not understood: send none for the tensors, or \
+             'catalog' for the catalog's tables (sources, tensors)",
+            String::from_utf8_lossy(&other[..other.len().min(64)])
+        ))),
+    }
+}
+
+/// The two listings of ListFlights.
+enum Listing {
+    Tensors,
+    CatalogTables,
+}
+
 fn once<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
     Box::pin(futures::stream::iter(items.into_iter().map(Ok)))
 }
@@ -138,9 +181,11 @@ impl FlightService for TesseraFlight {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let route = self.route_of(&request);
+        if let Listing::CatalogTables = listing_of(&request.get_ref().expression)? {
+            return Ok(Response::new(once(catalog::wire::table_flight_infos()?)));
+        }
         let tensors: Vec<Arc<Tensor>> = self.state.sources().read().tensors().cloned().collect();
-        let mut infos = catalog::wire::table_flight_infos()?;
-        infos.reserve(tensors.len());
+        let mut infos = Vec::with_capacity(tensors.len());
         for tensor in tensors {
             let request = TensorReadOption {
                 array_id: tensor.array_id.clone(),

@@ -650,7 +650,7 @@ fn open_tensor(
     };
     let rank = header.shape.len();
     let dim_labels = match labels {
-        None => default_dim_labels(rank),
+        None => default_dim_labels(&header.shape),
         Some(labels) if labels.len() == rank => labels.to_vec(),
         Some(labels) => {
             return Err(format!(
