@@ -144,8 +144,12 @@ impl Daemon {
         let state = Arc::new(
             ServiceState::new(registry, options, chunks)
                 .with_pin_limits(config.pins)
-                .with_metrics(metrics),
+                .with_metrics(metrics)
+                .with_runtime_roots(config.runtime.clone()),
         );
+        let tree_state = state.clone();
+        // The catalog tree of the first scan, built before the first call needs it.
+        let _ = tokio::task::spawn_blocking(move || tree_state.catalog_tree()).await;
         state.scan_status().finish();
         let metrics_server = match config.metrics_listen {
             Some(addr) => Some(

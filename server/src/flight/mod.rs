@@ -45,7 +45,7 @@ use crate::source::sources::check_array_id_len;
 use crate::state::ServiceState;
 
 /// A boxed response stream.
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The SQL of a catalog ticket, decoded by the chunk route ([`chunk_get::ChunkGet`]) and
 /// handed to [`TesseraFlight::do_get`] as a request extension.
@@ -271,6 +271,9 @@ impl FlightService for TesseraFlight {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
+        if let Some(stream) = actions::run_streaming(&self.state, &action.r#type, &action.body)? {
+            return Ok(Response::new(stream));
+        }
         let body = actions::run(&self.state, &action.r#type, &action.body).await?;
         Ok(Response::new(once(vec![arrow_flight::Result::new(body)])))
     }
