@@ -289,6 +289,18 @@ def worker_main(job: dict) -> None:
         # (fresh pages it allocated and touched).
         out["client_cpu"] = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / reps
         out["client_minflt"] = (after.ru_minflt - before.ru_minflt) / reps
+    elif kind == "first":
+        # The first read of a fresh client process: the client object, its connection,
+        # the plan and every chunk are paid inside the clock (imports are not: they cost
+        # the same against any server).
+        server_cpu0 = process_cpu_seconds(job["cpu_pid"])
+        t0 = time.perf_counter()
+        got = TensorFlightClient(job["location"], cache_bytes=0).get_tensor(job["id"]).compute()
+        out["times"] = [time.perf_counter() - t0]
+        out["server_cpu"] = process_cpu_seconds(job["cpu_pid"]) - server_cpu0
+        want = np.load(job["path"], mmap_mode="r")
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise SystemExit(f"tensor {job['id']} read back different bytes")
     elif kind == "latency":
         from biopb.tensor._session import _read_option, _tensor_read_cmd
 
@@ -513,6 +525,30 @@ def measure_cold(binary, files, name, mode, reps, work, results, extra=()):
           f"  (page cache {'dropped' if dropped else 'NOT dropped'})", flush=True)
 
 
+def first_read_rows(start, array_id, path, name, mode, reps, results, suffix=""):
+    """The first read of a fresh client process, on a fresh server (empty cache, source in
+    the page cache) and on a warm one (the same tensor read once by another process before):
+    `start()` starts a server and returns it; the caller's `finally` stops nothing here."""
+    for state in ("cold", "warm"):
+        times, cpus = [], []
+        for _ in range(reps):
+            server = start()
+            try:
+                if state == "warm":
+                    run_worker({"kind": "read", "location": server.location, "ids": [array_id],
+                                "mode": mode, "reps": 1})
+                r = run_worker({"kind": "first", "location": server.location, "id": array_id,
+                                "path": str(path), "mode": mode, "cpu_pid": server.pid})
+                times += r["times"]
+                cpus.append(r["server_cpu"])
+            finally:
+                server.stop()
+        label = f"{name} first read of a fresh process, {state} server, {mode}{suffix}"
+        results[label] = {"times": times, "cpu": median(cpus), "private_kib": 0, "anon_kib": 0}
+        print(f"  {label:60s} median {median(times) * 1e3:8.1f} ms  server CPU {median(cpus) * 1e3:7.1f} ms",
+              flush=True)
+
+
 # --------------------------------------------------------------------------- reference
 
 
@@ -659,6 +695,20 @@ def reference_phase(args, files, work, reps, cold_reps, res) -> dict:
     for name in REF_NAMES:
         for mode in ("doget", "mmap"):
             measure_cold_reference(ref, binary, data, ids, name, mode, cold_reps, work, res)
+    scratch, cache = work / "ref-first", work / "ref-first-cache"
+
+    def fresh_reference():
+        server = start_reference(ref, binary, data, scratch, cache)
+        reference_ids(server, files)
+        return server
+
+    try:
+        for mode in ("doget", "mmap"):
+            first_read_rows(fresh_reference, ids["w256"], files["w256"], "w256", mode, cold_reps, res,
+                            REF_SUFFIX)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
     return info
 
 
@@ -1014,6 +1064,16 @@ def main():
             measure_cold(args.bin, files, name, mode, cold_reps, work, res, extra)
     if "big" in files:
         measure_cold(args.bin, files, "big", "doget", 1, work, res, extra)
+    print("first reads of a fresh client process:", flush=True)
+    first_cache = work / "first-cache"
+
+    def fresh_tessera():
+        shutil.rmtree(first_cache, ignore_errors=True)
+        return Server(args.bin, [files["w256"]], first_cache, extra)
+
+    for mode in ("doget", "mmap"):
+        first_read_rows(fresh_tessera, "w256", files["w256"], "w256", mode, cold_reps, res)
+    shutil.rmtree(first_cache, ignore_errors=True)
 
     reference = None
     if args.reference:

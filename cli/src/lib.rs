@@ -2,6 +2,7 @@
 //! [`tessera_client::Client`]: `get`, `ls` and `stats` ([`remote`]) and `warm` ([`warm`]).
 //! `tessera serve` runs [`tessera_server::daemon::Daemon`]; `main.rs` only parses flags.
 
+pub mod errors;
 mod progress;
 pub mod remote;
 pub mod warm;

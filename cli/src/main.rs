@@ -1,9 +1,11 @@
 //! `tessera`: the Tessera daemon and its command-line tools.
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
-use tessera_cli::warm;
+use tessera_cli::{errors, warm};
 use tessera_server::config::{LogFormat, ServeArgs, ServeConfig};
 use tessera_server::daemon::Daemon;
 use tracing_subscriber::EnvFilter;
@@ -13,6 +15,10 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(name = "tessera", version, about)]
 struct Cli {
+    /// On failure, print every cause on its own line, and the backtrace when
+    /// `RUST_BACKTRACE=1` captured one (also with `RUST_LOG=debug`).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     /// Log line format [default: the config file's `log_format`, else text].
     #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum)]
     log_format: Option<LogFormat>,
@@ -103,8 +109,10 @@ struct GetArgs {
     remote: RemoteArgs,
     /// The array id to read.
     array_id: String,
-    /// Region to read, numpy-like per axis: `0:10,:,100:`.
-    #[arg(long)]
+    /// Region to read, numpy-like per axis: `0:10,:,100:`; negative numbers count from
+    /// the end (`--region -10:,:`), an integer index drops its axis (`5,:` of a 2-D array
+    /// is 1-D), a slice whose stop is before its start is an empty axis.
+    #[arg(long, allow_hyphen_values = true, value_name = "REGION")]
     region: Option<String>,
     /// Output .npy path.
     #[arg(short, long)]
@@ -123,8 +131,11 @@ struct GetArgs {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only where a person reads them: not in a file, a pipe or under NO_COLOR.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -158,9 +169,37 @@ fn stop_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Runs the command; a failure is one line on stderr (`error: …`, with what to do next when
+/// there is an obvious next step) and exit code 1. `-v` or `RUST_LOG=debug` print the causes
+/// and the backtrace.
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let verbose = cli.verbose
+        || std::env::var("RUST_LOG").is_ok_and(|v| v.contains("debug") || v.contains("trace"));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            if verbose {
+                eprintln!("error: {err:?}");
+            } else {
+                eprintln!("error: {}", errors::one_line(&err));
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     if !matches!(cli.command, Command::Serve(_)) {
         init_logging(cli.log_format.unwrap_or_default());
     }
@@ -172,6 +211,19 @@ async fn main() -> anyhow::Result<()> {
                 tracing::warn!("no sources given: pass .npy files or directories to serve");
             }
             let stop = stop_signal();
+            let missing: Vec<String> = config
+                .paths
+                .iter()
+                .filter(|p| !p.exists())
+                .map(|p| p.display().to_string())
+                .collect();
+            if !missing.is_empty() && !config.watch_requested {
+                anyhow::bail!(
+                    "source path {} does not exist; check the path, or pass --watch to serve it \
+                     once it appears",
+                    missing.join(", ")
+                );
+            }
             let daemon = Daemon::bind(&config)
                 .await
                 .context("cannot start the server")?;
@@ -190,20 +242,15 @@ async fn main() -> anyhow::Result<()> {
                 args.no_mmap,
                 args.remote.credentials(),
             )
-            .await
-            .with_context(|| format!("cannot read '{}'", args.array_id))?;
+            .await?;
             println!("{summary}");
         }
         Command::Ls(args) => {
-            let text = remote::ls(&args.location, args.credentials())
-                .await
-                .context("cannot list tensors")?;
+            let text = remote::ls(&args.location, args.credentials()).await?;
             print!("{text}");
         }
         Command::Stats(args) => {
-            let text = remote::stats(&args.location, args.credentials())
-                .await
-                .context("cannot read cache stats")?;
+            let text = remote::stats(&args.location, args.credentials()).await?;
             print!("{text}");
         }
         Command::Warm(args) => {

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use tessera_client::{
-    Client, ClientError, ClientOptions, ReadScale, TensorInfo, parse_region, write_npy,
+    Client, ClientError, ClientOptions, ReadScale, RefusedSource, TensorInfo, parse_selection,
+    write_npy,
 };
 use tessera_proto::json::CacheStats;
 use tessera_proto::units::human_bytes;
@@ -39,13 +40,13 @@ impl std::fmt::Display for GetSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "wrote {}: '{}' {} {}, {} in {} chunks ({} mapped, {} copied from mappings, {} over the socket)",
+            "wrote {}: '{}' {} {}, {} in {} ({} mapped, {} copied from mappings, {} over the socket)",
             self.path.display(),
             self.array_id,
             shape_text(&self.shape),
             self.dtype,
             human_bytes(self.bytes),
-            self.chunks,
+            count(self.chunks as u64, "chunk"),
             self.mapped_chunks,
             self.mapped_copies,
             self.socket_chunks
@@ -84,9 +85,10 @@ pub fn options(no_mmap: bool, creds: Credentials<'_>) -> Result<ClientOptions, C
 
 /// `tessera get LOCATION ARRAY_ID [--region R] [--scale F,F,… [--method M]] -o OUT [--no-mmap]
 /// [--token T] [--tls-ca F]`: reads the tensor (or the numpy-like `region` of it, see
-/// [`parse_region`]), downsampled by the server when `scale` is given, and writes a
-/// version 1.0 C-order `.npy` with the dtype as served. Shows a percentage on stderr when
-/// stderr is a terminal.
+/// [`parse_selection`]: an integer index drops its axis, an empty slice gives an empty
+/// axis), downsampled by the server when `scale` is given, and writes a version 1.0 C-order
+/// `.npy` with the dtype as served. Shows a percentage on stderr when stderr is a terminal.
+/// The output's folder is checked before the server is asked anything.
 pub async fn get(
     location: &str,
     array_id: &str,
@@ -96,16 +98,38 @@ pub async fn get(
     no_mmap: bool,
     creds: Credentials<'_>,
 ) -> Result<GetSummary, ClientError> {
+    check_output_folder(out)?;
     let client = Client::connect(location, options(no_mmap, creds)?).await?;
-    let region = match region {
+    let selection = match region {
         Some(text) => {
             let info = client.describe(array_id).await?;
-            Some(parse_region(text, &info.shape)?)
+            let selection = parse_selection(text, &info.shape)?;
+            if selection.is_empty() {
+                // numpy gives an empty array; there is nothing to plan or fetch.
+                let shape = selection.shape();
+                write_npy(out, &info.dtype, &shape, &[])?;
+                return Ok(GetSummary {
+                    path: out.to_path_buf(),
+                    array_id: array_id.to_string(),
+                    shape,
+                    dtype: info.dtype,
+                    bytes: 0,
+                    chunks: 0,
+                    mapped_chunks: 0,
+                    mapped_copies: 0,
+                    socket_chunks: 0,
+                });
+            }
+            Some(selection)
         }
         None => None,
     };
     let plan = client
-        .plan_scaled(array_id, region.as_ref(), scale.as_ref())
+        .plan_scaled(
+            array_id,
+            selection.as_ref().map(|s| &s.region),
+            scale.as_ref(),
+        )
         .await?;
     let chunks = plan.needed_chunks().count();
     let mut progress = Progress::new(array_id, chunks);
@@ -113,12 +137,24 @@ pub async fn get(
     let data = client.read_plan(&plan, Some(&mut report)).await;
     progress.finish();
     let data = data?;
-    write_npy(out, &data.dtype, &data.shape, &data.bytes)?;
+    // Axes an integer index selected have length 1 (also once reduced): dropping them leaves
+    // the bytes as they are.
+    let shape = match selection {
+        Some(s) => data
+            .shape
+            .iter()
+            .enumerate()
+            .filter(|(axis, _)| !s.dropped.contains(axis))
+            .map(|(_, &n)| n)
+            .collect(),
+        None => data.shape,
+    };
+    write_npy(out, &data.dtype, &shape, &data.bytes)?;
     let stats = client.local_stats();
     Ok(GetSummary {
         path: out.to_path_buf(),
         array_id: array_id.to_string(),
-        shape: data.shape,
+        shape,
         dtype: data.dtype,
         bytes: data.bytes.len() as u64,
         chunks,
@@ -128,11 +164,63 @@ pub async fn get(
     })
 }
 
+/// Refuses an output path whose folder does not exist (or is not a folder), before any
+/// data is read.
+fn check_output_folder(out: &Path) -> Result<(), ClientError> {
+    let folder = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => return Ok(()),
+    };
+    match std::fs::metadata(folder) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(ClientError::Io {
+            what: "output folder is not a folder",
+            path: folder.to_path_buf(),
+            source: std::io::Error::from(std::io::ErrorKind::NotADirectory),
+        }),
+        Err(source) => Err(ClientError::Io {
+            what: "output folder",
+            path: folder.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 /// `tessera ls LOCATION [--token T] [--tls-ca F]`: one line per tensor (array id, shape,
-/// dtype, chunk shape, labels) under a header line.
+/// dtype, chunk shape, labels) under a header line, then the files the server refused to
+/// serve, each with its reason.
 pub async fn ls(location: &str, creds: Credentials<'_>) -> Result<String, ClientError> {
     let client = Client::connect(location, options(false, creds)?).await?;
-    Ok(format_listing(location, &client.list().await?))
+    let mut text = format_listing(location, &client.list().await?);
+    match client.refused_sources().await {
+        Ok(refused) => text.push_str(&format_refused(&refused)),
+        // A server without Tessera's catalog still lists its tensors.
+        Err(err) => {
+            let _ = writeln!(text, "\nrefused files: unknown ({err})");
+        }
+    }
+    Ok(text)
+}
+
+/// The refused files as a section after the tensors: nothing when there are none.
+fn format_refused(refused: &[RefusedSource]) -> String {
+    let mut out = String::new();
+    if refused.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\nrefused ({}, not served):",
+        count(refused.len() as u64, "file")
+    );
+    for file in refused {
+        let path = file
+            .source_url
+            .strip_prefix("file://")
+            .unwrap_or(&file.source_url);
+        let _ = writeln!(out, "  {}  {path}: {}", file.source_id, file.reason);
+    }
+    out
 }
 
 fn format_listing(location: &str, tensors: &[TensorInfo]) -> String {
@@ -191,13 +279,13 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
         format!("chunk cache of {location}"),
         format!("  backend:            {backend}"),
         format!(
-            "  entries:            {} of {} max",
-            s.total_entries, s.max_entries
+            "  entries:            {}",
+            of_budget(s.total_entries.to_string(), s.max_entries, |n| n
+                .to_string())
         ),
         format!(
-            "  size:               {} of {} max",
-            human_bytes(s.total_bytes),
-            human_bytes(s.max_bytes)
+            "  size:               {}",
+            of_budget(human_bytes(s.total_bytes), s.max_bytes, human_bytes)
         ),
         format!(
             "  hits / misses:      {} / {} ({hit_rate} hits)",
@@ -222,9 +310,9 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
         format!("  served by mmap:     {} chunk_locate", s.locates),
         format!("  served by socket:   {} do_get", s.do_gets),
         format!(
-            "  unread replies:     {} held ({} connections closed for stalling)",
+            "  unread replies:     {} held ({} closed for stalling)",
             human_bytes(s.pinned_bytes),
-            s.stalled_connections_closed
+            count(s.stalled_connections_closed, "connection")
         ),
         format!(
             "  write failures:     {} ({} disk full)",
@@ -243,6 +331,24 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
     }
     out.push('\n');
     out
+}
+
+/// `used of max max`, or `used (no limit)` when the budget is 0 (the server's "unbounded").
+fn of_budget(used: String, max: u64, show: impl Fn(u64) -> String) -> String {
+    if max == 0 {
+        format!("{used} (no limit)")
+    } else {
+        format!("{used} of {} max", show(max))
+    }
+}
+
+/// `1 chunk`, `2 chunks`, `0 chunks`.
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// `(a, b, c)` like numpy, `(n,)` for one axis.
@@ -296,6 +402,16 @@ mod tests {
             format_listing("grpc://h:1", &[]),
             "no tensors served at grpc://h:1\n"
         );
+        assert_eq!(format_refused(&[]), "");
+        let refused = format_refused(&[RefusedSource {
+            source_id: "bad".into(),
+            source_url: "file:///d/bad.npy".into(),
+            reason: "not an .npy file".into(),
+        }]);
+        assert_eq!(
+            refused,
+            "\nrefused (1 file, not served):\n  bad  /d/bad.npy: not an .npy file\n"
+        );
     }
 
     #[test]
@@ -326,6 +442,17 @@ mod tests {
             writes_paused: Some("disk full".to_string()),
             backend: tessera_proto::json::CacheBackend::File,
         };
+        let unbounded = CacheStats {
+            max_entries: 0,
+            max_bytes: 0,
+            ..stats.clone()
+        };
+        let text = format_stats("grpc://h:1", &unbounded);
+        assert!(text.contains("entries:            12 (no limit)"), "{text}");
+        assert!(
+            text.contains("size:               3.0 MiB (no limit)"),
+            "{text}"
+        );
         let text = format_stats("grpc://h:1", &stats);
         for needle in [
             "chunk cache of grpc://h:1",
@@ -339,7 +466,7 @@ mod tests {
             "served by mmap:     9 chunk_locate",
             "served by socket:   5 do_get",
             "waits on eviction:  6 (0 over budget)",
-            "unread replies:     2.0 MiB held (1 connections closed for stalling)",
+            "unread replies:     2.0 MiB held (1 connection closed for stalling)",
             "write failures:     3 (2 disk full)",
             "disk full:          evicting down to 1.0 GiB instead of the budget",
             "writes paused:      disk full",

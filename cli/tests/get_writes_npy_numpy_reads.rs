@@ -1,5 +1,6 @@
 //! `tessera get` writes a `.npy` that numpy loads equal to the source (whole and
-//! regions, little- and big-endian), through both paths.
+//! regions, little- and big-endian), through both paths. Regions follow numpy: negative
+//! indices, an integer index drops its axis, a reversed slice is an empty axis.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -7,7 +8,7 @@ use std::process::Command;
 
 use tessera_cli::remote::{Credentials, get as cli_get};
 use tessera_test_support::npy_fixture;
-use tessera_test_support::process::ServerProcess;
+use tessera_test_support::process::{ServerProcess, run_cli};
 
 fn python() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
@@ -63,10 +64,14 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
     let location = server.url().replacen("http://", "grpc://", 1);
 
     // (array id, source, region for tessera get, the same index in numpy)
-    let cases: [(&str, &Path, Option<&str>, &str); 7] = [
+    let cases: [(&str, &Path, Option<&str>, &str); 11] = [
         ("plane", &plane, None, ":"),
         ("plane", &plane, Some("10:290,:-7"), "10:290, :-7"),
-        ("plane", &plane, Some("5"), "5:6"),
+        ("plane", &plane, Some("5"), "5"),
+        ("plane", &plane, Some("5,:"), "5, :"),
+        ("plane", &plane, Some("10:5,:"), "10:5, :"),
+        ("volume", &volume, Some(":,-1,3"), ":, -1, 3"),
+        ("volume", &volume, Some("2,40:10"), "2, 40:10"),
         ("volume", &volume, None, ":"),
         ("volume", &volume, Some("3:9,:,40:"), "3:9, :, 40:"),
         ("line", &line, Some("-100:"), "-100:"),
@@ -87,7 +92,8 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
             .await
             .unwrap();
             assert_eq!(summary.path, out);
-            assert!(summary.chunks >= 1);
+            // An empty selection is written without asking for a chunk.
+            assert_eq!(summary.chunks == 0, summary.bytes == 0, "{summary}");
             if no_mmap {
                 assert_eq!(summary.mapped_chunks + summary.mapped_copies, 0);
             } else {
@@ -96,4 +102,26 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
             numpy_agrees(source, &out, index);
         }
     }
+
+    // The binary itself: a region starting with '-' is a value, not a flag.
+    let out = dir.path().join("tail.npy");
+    let run = run_cli(
+        &[
+            "get",
+            &location,
+            "plane",
+            "--region",
+            "-10:,:",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains("'plane' (10, 400) <u2"),
+        "{}",
+        run.stdout
+    );
+    numpy_agrees(&plane, &out, "-10:, :");
 }

@@ -227,7 +227,7 @@ impl Client {
         &self.inner.options
     }
 
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
+    pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(auth) = &self.inner.auth {
             request
@@ -237,7 +237,7 @@ impl Client {
         request
     }
 
-    fn flight(&self) -> FlightServiceClient<Channel> {
+    pub(crate) fn flight(&self) -> FlightServiceClient<Channel> {
         self.inner.flight.clone()
     }
 
@@ -319,7 +319,7 @@ impl Client {
             .flight()
             .get_flight_info(self.request(descriptor))
             .await
-            .map_err(|s| ClientError::rpc(format!("GetFlightInfo of '{array_id}'"), s))?
+            .map_err(|s| ClientError::planning(array_id, self.location(), s))?
             .into_inner())
     }
 
@@ -347,7 +347,7 @@ impl Client {
             .map_err(|s| ClientError::rpc("ListFlights", s))?;
         let mut names = Vec::with_capacity(infos.len());
         for info in &infos {
-            // Tables of the SQL catalog are listed beside the tensors; only tensors carry
+            // Other servers may list catalog tables beside the tensors; only tensors carry
             // the chunk wire protocol stamp on their schema.
             if !crate::plan::is_tensor_info(info) {
                 continue;

@@ -38,13 +38,27 @@ pub enum ClientError {
         reason: String,
     },
     /// The TCP/HTTP2 connection could not be opened.
-    #[error("connecting to '{location}' failed: {source}")]
+    #[error(
+        "cannot connect to '{location}': {}; is a Tessera server running there?",
+        root_cause(source)
+    )]
     Connect {
         /// The location dialed.
         location: String,
         /// The transport error.
         #[source]
         source: tonic::transport::Error,
+    },
+    /// The server serves no tensor of that id.
+    #[error("no tensor '{array_id}' on {location}")]
+    NoSuchTensor {
+        /// The id asked for.
+        array_id: String,
+        /// The location asked.
+        location: String,
+        /// The server's refusal.
+        #[source]
+        status: Box<tonic::Status>,
     },
     /// A Flight call returned an error status.
     #[error("{call} failed: {}{}", status_text(status), auth_hint(status))]
@@ -143,8 +157,28 @@ pub enum ClientError {
     },
 }
 
+/// The server's message without the Arrow Flight detail suffix (`. Detail: Failed`) and,
+/// for the catch-all UNKNOWN code, without the code; other codes are named.
 fn status_text(status: &tonic::Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
+    let message = status.message();
+    let message = match message.rfind(". Detail: ") {
+        Some(at) => &message[..at],
+        None => message,
+    };
+    match status.code() {
+        tonic::Code::Unknown => message.to_string(),
+        code => format!("{message} ({code:?})"),
+    }
+}
+
+/// The innermost cause of `err`: the OS error of a refused connection rather than the
+/// layers ("transport error", "tcp connect error") that wrap it.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 fn auth_hint(status: &tonic::Status) -> &'static str {
@@ -166,10 +200,34 @@ impl ClientError {
         }
     }
 
+    /// `status` from GetFlightInfo of `array_id` at `location`: [`ClientError::NoSuchTensor`]
+    /// when the server classified it as an unknown id (`extra_info` code `NOT_FOUND`,
+    /// reason `unknown_source` or `unknown_field`), else [`ClientError::Rpc`].
+    pub(crate) fn planning(array_id: &str, location: &str, status: tonic::Status) -> Self {
+        let unknown_id = serde_json::from_slice::<serde_json::Value>(status.details())
+            .ok()
+            .is_some_and(|info| {
+                info["code"] == "NOT_FOUND"
+                    && matches!(
+                        info["reason"].as_str(),
+                        Some("unknown_source" | "unknown_field")
+                    )
+            });
+        if unknown_id {
+            Self::NoSuchTensor {
+                array_id: array_id.to_string(),
+                location: location.to_string(),
+                status: Box::new(status),
+            }
+        } else {
+            Self::rpc(format!("GetFlightInfo of '{array_id}'"), status)
+        }
+    }
+
     /// The gRPC status inside an [`ClientError::Rpc`], if that is what this is.
     pub fn status(&self) -> Option<&tonic::Status> {
         match self {
-            Self::Rpc { status, .. } => Some(status),
+            Self::Rpc { status, .. } | Self::NoSuchTensor { status, .. } => Some(status),
             _ => None,
         }
     }

@@ -26,6 +26,7 @@
 
 mod assemble;
 mod cache;
+mod catalog;
 mod chunk;
 mod client;
 mod dtype;
@@ -40,6 +41,7 @@ mod pins;
 mod plan;
 mod region;
 
+pub use catalog::RefusedSource;
 pub use chunk::{ChunkOrigin, ChunkView};
 pub use client::{
     ArrayData, Client, H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES,
@@ -54,5 +56,5 @@ pub use options::{
     ENV_MMAP, ENV_PIN_LIMIT,
 };
 pub use plan::{Plan, PlannedChunk, check_tiling};
-pub use region::{Region, parse_region};
+pub use region::{Region, Selection, parse_region, parse_selection};
 pub use tessera_proto::json::{CacheStats, ChunkLocateReply};

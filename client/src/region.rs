@@ -5,12 +5,46 @@ pub use tessera_proto::region::Region;
 
 use crate::error::ClientError;
 
-/// Parses a numpy-like region for an array of `shape`: one comma-separated
-/// item per axis, each `a:b`, `a:`, `:b`, `:` or a single index `i` (kept as
-/// a length-1 axis, not dropped). Negative numbers count from the end; slice
-/// bounds are clamped to the axis like Python's; missing trailing axes are
-/// whole; an empty text is the whole array. Steps and `...` are refused.
+/// A numpy-like selection: the box to read and the axes an integer index drops from the
+/// result, as `array[5, :]` has one axis fewer than `array`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// The box read from the array (an integer index is a length-1 range here).
+    pub region: Region,
+    /// Axes selected by a single integer index, ascending.
+    pub dropped: Vec<usize>,
+}
+
+impl Selection {
+    /// The shape numpy gives the result: the box's shape without the dropped axes.
+    pub fn shape(&self) -> Vec<u64> {
+        self.region
+            .shape()
+            .into_iter()
+            .enumerate()
+            .filter(|(axis, _)| !self.dropped.contains(axis))
+            .map(|(_, len)| len)
+            .collect()
+    }
+
+    /// Whether the selection holds no element (some axis is empty, as `10:5` gives).
+    pub fn is_empty(&self) -> bool {
+        self.region.shape().contains(&0)
+    }
+}
+
+/// The box of [`parse_selection`], for callers that keep every axis.
 pub fn parse_region(text: &str, shape: &[u64]) -> Result<Region, ClientError> {
+    parse_selection(text, shape).map(|selection| selection.region)
+}
+
+/// Parses a numpy-like selection for an array of `shape`: one comma-separated
+/// item per axis, each `a:b`, `a:`, `:b`, `:` or a single index `i` (which drops
+/// the axis from the result, as in numpy). Negative numbers count from the end; slice
+/// bounds are clamped to the axis like Python's, and a slice whose stop is before its
+/// start is an empty axis; missing trailing axes are whole; an empty text is the whole
+/// array. Steps and `...` are refused.
+pub fn parse_selection(text: &str, shape: &[u64]) -> Result<Selection, ClientError> {
     let refuse = |reason: String| ClientError::Region {
         reason: format!("'{text}': {reason}"),
     };
@@ -27,6 +61,7 @@ pub fn parse_region(text: &str, shape: &[u64]) -> Result<Region, ClientError> {
         )));
     }
     let mut region = Region::whole(shape);
+    let mut dropped = Vec::new();
     for (axis, item) in items.iter().enumerate() {
         let dim = shape[axis];
         let number = |s: &str| -> Result<i128, ClientError> {
@@ -54,6 +89,7 @@ pub fn parse_region(text: &str, shape: &[u64]) -> Result<Region, ClientError> {
                         "axis {axis}: index {i} is out of range for length {dim}"
                     )));
                 }
+                dropped.push(axis);
                 (resolved as u64, resolved as u64 + 1)
             }
             [a, b] => {
@@ -82,7 +118,7 @@ pub fn parse_region(text: &str, shape: &[u64]) -> Result<Region, ClientError> {
         region.start[axis] = start;
         region.stop[axis] = stop;
     }
-    Ok(region)
+    Ok(Selection { region, dropped })
 }
 
 #[cfg(test)]
@@ -107,6 +143,20 @@ mod tests {
     fn reversed_slices_are_empty_like_numpy() {
         let r = parse_region("8:3", &[10]).unwrap();
         assert_eq!(r.shape(), vec![0]);
+        let s = parse_selection("10:5,:", &[20, 3]).unwrap();
+        assert!(s.is_empty());
+        assert_eq!(s.shape(), vec![0, 3]);
+    }
+
+    #[test]
+    fn integer_indices_drop_their_axis_like_numpy() {
+        let s = parse_selection("5,:", &[10, 3000]).unwrap();
+        assert_eq!(s.region, Region::new(vec![5, 0], vec![6, 3000]));
+        assert_eq!(s.dropped, vec![0]);
+        assert_eq!(s.shape(), vec![3000]);
+        let s = parse_selection(":,-1,2", &[4, 5, 6]).unwrap();
+        assert_eq!(s.shape(), vec![4]);
+        assert!(!s.is_empty());
     }
 
     #[test]

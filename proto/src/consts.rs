@@ -41,6 +41,22 @@ pub const ACTION_CHUNK_LOCATE: &str = "chunk_locate";
 /// JSON reply is [`crate::CacheStats`].
 pub const ACTION_CACHE_STATS: &str = "cache_stats";
 
+/// DoAction type of one level of the catalog tree (`client.catalog_children`): JSON body
+/// `{key, limit}`, JSON reply `{key, folders, sources, truncated}`.
+pub const ACTION_CATALOG_CHILDREN: &str = "catalog_children";
+
+/// DoAction type of `client.resolve_source`: the body is the source id; the reply streams
+/// `ResolveStreamMessage`s, progress heartbeats then the source's `sources` row.
+pub const ACTION_RESOLVE: &str = "resolve";
+
+/// DoAction type of `client.register_local_path`: an `AddSourceRequest`; the reply streams
+/// `AddSourceStreamMessage`s, progress then one `AddSourceResult`.
+pub const ACTION_ADD_SOURCE: &str = "add_source";
+
+/// DoAction type of `client.deregister_local_path`: a `RemoveSourceRequest`; the one reply
+/// is a `RemoveSourceResult`.
+pub const ACTION_REMOVE_SOURCE: &str = "remove_source";
+
 /// Prefix of the error text for an action the server does not know. The
 /// client matches on "Unknown action" to stop probing `chunk_locate` and to
 /// report other actions as "server too old".

@@ -6,12 +6,17 @@ use std::path::PathBuf;
 #[derive(thiserror::Error, Debug)]
 pub enum StoreError {
     /// Another open store (this process or another one) holds `DIR/lock`.
-    #[error("segment store {dir} is locked by another process{}", holder_suffix(*holder_pid))]
+    #[error(
+        "segment store {dir} is locked by another process{}",
+        holder_suffix(*holder_pid, holder_note.as_deref())
+    )]
     Locked {
         /// The cache directory.
         dir: PathBuf,
         /// The pid written into the lock file by the holder, when readable.
         holder_pid: Option<u32>,
+        /// What the holder noted about itself ([`crate::Store::note_holder`]), when readable.
+        holder_note: Option<String>,
     },
     /// The directory lives on a network (or unknown FUSE) filesystem.
     #[error(
@@ -123,10 +128,12 @@ impl From<crate::ipc::EncodeError> for StoreError {
     }
 }
 
-fn holder_suffix(pid: Option<u32>) -> String {
-    match pid {
-        Some(pid) => format!(" (pid {pid})"),
-        None => String::new(),
+fn holder_suffix(pid: Option<u32>, note: Option<&str>) -> String {
+    match (pid, note) {
+        (Some(pid), Some(note)) => format!(" (pid {pid}, {note})"),
+        (Some(pid), None) => format!(" (pid {pid})"),
+        (None, Some(note)) => format!(" ({note})"),
+        (None, None) => String::new(),
     }
 }
 

@@ -1,8 +1,9 @@
-//! `DIR/lock`: an advisory `flock` held for the store's lifetime, with the holder's pid inside.
+//! `DIR/lock`: an advisory `flock` held for the store's lifetime, with the holder's pid on
+//! the first line and, once the holder says where it can be found, a note on the second.
 //! Mode `0o600` whatever the files' mode: only the server's user needs it.
 
 use std::fs::{File, OpenOptions, Permissions, TryLockError};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -32,13 +33,17 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, StoreError> {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
             let mut text = String::new();
-            let holder_pid = file
-                .read_to_string(&mut text)
-                .ok()
-                .and_then(|_| text.trim().parse().ok());
+            let read = file.read_to_string(&mut text).is_ok();
+            let mut lines = text.lines().map(str::trim);
+            let holder_pid = lines.next().filter(|_| read).and_then(|l| l.parse().ok());
+            let holder_note = lines
+                .next()
+                .filter(|l| read && !l.is_empty())
+                .map(str::to_string);
             return Err(StoreError::Locked {
                 dir: dir.to_path_buf(),
                 holder_pid,
+                holder_note,
             });
         }
         Err(TryLockError::Error(e)) => {
@@ -50,4 +55,19 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, StoreError> {
         .and_then(|()| file.write_all(pid.as_bytes()))
         .map_err(|e| StoreError::io(format!("cannot write pid into {}", path.display()), e))?;
     Ok(file)
+}
+
+/// Rewrites the held lock file as `pid\nnote\n`, so a process refused by the lock can say
+/// where the holder is (e.g. the address a server listens on). `note` is one line.
+pub(crate) fn write_note(mut file: &File, dir: &Path, note: &str) -> Result<(), StoreError> {
+    let text = format!("{}\n{}\n", std::process::id(), note.replace('\n', " "));
+    file.set_len(0)
+        .and_then(|()| file.seek(SeekFrom::Start(0)))
+        .and_then(|_| file.write_all(text.as_bytes()))
+        .map_err(|e| {
+            StoreError::io(
+                format!("cannot write into lock file {}", dir.join("lock").display()),
+                e,
+            )
+        })
 }

@@ -56,7 +56,7 @@ pub(crate) struct Inner {
     pub verify_on_read: bool,
     pub fault: Option<Arc<dyn FaultInjector>>,
     /// Held for the store's lifetime: the `flock` on `DIR/lock`.
-    _lock: File,
+    pub lock: File,
     /// The encapsulated schema message that starts every segment.
     pub schema: Vec<u8>,
     schema_meta: Bytes,
@@ -209,7 +209,7 @@ impl Store {
             mode: opts.file_mode,
             verify_on_read: opts.verify_on_read,
             fault: opts.fault,
-            _lock: lock,
+            lock,
             schema,
             schema_meta,
             index,
@@ -404,6 +404,12 @@ impl Store {
     /// The cache directory (canonical).
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// Records `note` (one line, e.g. where the owning server listens) beside the pid in
+    /// the lock file, so an open refused by the lock names it ([`StoreError::Locked`]).
+    pub fn note_holder(&self, note: &str) -> Result<(), StoreError> {
+        lockfile::write_note(&self.inner.lock, &self.inner.dir, note)
     }
 
     /// Seals every open segment (end-of-stream marker, fsync, sidecar), stops the maintenance

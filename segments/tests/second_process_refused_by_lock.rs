@@ -37,15 +37,35 @@ fn second_process_refused_by_lock() {
 
     let err = Store::open(StoreOptions::new(&dir)).unwrap_err();
     match &err {
-        StoreError::Locked { dir: d, holder_pid } => {
+        StoreError::Locked {
+            dir: d,
+            holder_pid,
+            holder_note,
+        } => {
             assert_eq!(d, &dir);
             assert_eq!(*holder_pid, Some(std::process::id()));
+            assert_eq!(*holder_note, None);
         }
         other => panic!("expected Locked, got {other}"),
     }
     let msg = err.to_string();
     assert!(msg.contains(&dir.display().to_string()), "{msg}");
     assert!(msg.contains(&std::process::id().to_string()), "{msg}");
+
+    // The holder's note (where the server listens) rides beside its pid.
+    store
+        .note_holder("listening on grpc://127.0.0.1:1")
+        .unwrap();
+    let msg = Store::open(StoreOptions::new(&dir))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!(
+            "(pid {}, listening on grpc://127.0.0.1:1)",
+            std::process::id()
+        )),
+        "{msg}"
+    );
 
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_tries_to_open", "--nocapture"])

@@ -31,9 +31,16 @@
 //! path = "/data/plates"
 //! id = "plates"                          # id of a file, or id prefix of a directory's files
 //! dim_labels = ["c", "y", "x"]           # must match each tensor's rank
+//! physical_scale = [1.0, 0.1, 0.1]       # size of one element per axis
+//! physical_unit = "um"                   # one unit, or one per axis; lengths become µm
+//! metadata = { objective = "60x" }       # or metadata_file = "meta.json"
 //! ```
 //!
-//! Operations keys: `watch = true` and `watch_interval = "2s"` (live directories),
+//! Runtime sources (`add_source`): `add_source_roots = ["/data/inbox"]` (none by default:
+//! refused) and `add_source_max_files = 10000`.
+//!
+//! Operations keys: `watch = false` (sources are rescanned by default) and
+//! `watch_interval = "2s"` (live directories),
 //! `metrics_listen = "127.0.0.1:9815"`, `log_format = "json"`. Every key, flag and
 //! environment variable is documented in `docs/configuration.md`.
 
@@ -51,7 +58,9 @@ use crate::scaled::pyramid::PyramidPolicy;
 use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::pins::PinLimits;
+use crate::source::meta::{Supplied, Units};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
+use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
 use crate::watch::DEFAULT_WATCH_INTERVAL;
 
 /// Default cap on connections held at once.
@@ -204,6 +213,10 @@ pub struct ConfigFile {
     pub metrics_listen: Option<SocketAddr>,
     /// Log line format.
     pub log_format: Option<LogFormat>,
+    /// Directories under which `add_source` may register paths at runtime.
+    pub add_source_roots: Option<Vec<PathBuf>>,
+    /// Most `.npy` files one `add_source` of a directory registers.
+    pub add_source_max_files: Option<usize>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -216,6 +229,14 @@ pub struct SourceFile {
     pub id: Option<String>,
     /// Axis labels replacing the defaults.
     pub dim_labels: Option<Vec<String>>,
+    /// Size of one element along each axis.
+    pub physical_scale: Option<Vec<f64>>,
+    /// Unit of the sizes: one for every axis, or one per axis.
+    pub physical_unit: Option<Units>,
+    /// Free-form metadata reported in `metadata_json`.
+    pub metadata: Option<toml::Table>,
+    /// A JSON file holding an object of free-form metadata (instead of `metadata`).
+    pub metadata_file: Option<PathBuf>,
 }
 
 impl ConfigFile {
@@ -314,7 +335,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TESSERA_CACHE_GROUP_READABLE")]
     pub cache_group_readable: bool,
     /// Rescan the sources every --watch-interval and serve added, changed and removed
-    /// .npy files without a restart (`--watch=false` turns off a config file's `watch`).
+    /// .npy files without a restart [default: true; `--watch=false` turns it off]. Given
+    /// explicitly, a source path that does not exist yet is awaited instead of refused.
     #[arg(long, env = "TESSERA_WATCH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub watch: Option<bool>,
     /// Time between rescans with --watch, e.g. 2s, 500ms, 1m [default: 2s].
@@ -323,6 +345,18 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics as text on http://ADDR/metrics.
     #[arg(long, env = "TESSERA_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// A directory under which clients may add sources at runtime (`add_source`); repeat
+    /// for several; none: refused [env: colon-separated list].
+    #[arg(
+        long = "add-source-root",
+        env = "TESSERA_ADD_SOURCE_ROOTS",
+        value_delimiter = ':',
+        value_name = "DIR"
+    )]
+    pub add_source_roots: Vec<PathBuf>,
+    /// Most .npy files one `add_source` of a directory registers [default: 10000].
+    #[arg(long, env = "TESSERA_ADD_SOURCE_MAX_FILES", value_name = "N")]
+    pub add_source_max_files: Option<usize>,
 }
 
 /// The effective configuration of a server.
@@ -365,8 +399,11 @@ pub struct ServeConfig {
     pub cache_group_readable: bool,
     /// Id alias and axis labels of configured paths (keys as in `paths`).
     pub source_options: BTreeMap<PathBuf, SourceOptions>,
-    /// Rescan the sources periodically.
+    /// Rescan the sources periodically (the default).
     pub watch: bool,
+    /// Watching was asked for by a flag, variable or config key, not only defaulted: a
+    /// source path that does not exist yet is then awaited rather than an error.
+    pub watch_requested: bool,
     /// Time between rescans.
     pub watch_interval: Duration,
     /// Address of the Prometheus `/metrics` endpoint, if any.
@@ -375,6 +412,8 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     /// The pyramid descriptors advertise (`[pyramid]`, `--pyramid-method`).
     pub pyramid: PyramidPolicy,
+    /// Where `add_source` may register paths from.
+    pub runtime: RuntimeRoots,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -409,10 +448,12 @@ impl ServeConfig {
             cache_group_readable: false,
             source_options: BTreeMap::new(),
             watch: false,
+            watch_requested: false,
             watch_interval: DEFAULT_WATCH_INTERVAL,
             metrics_listen: None,
             log_format: LogFormat::Text,
             pyramid: PyramidPolicy::default(),
+            runtime: RuntimeRoots::default(),
         }
     }
 
@@ -540,6 +581,24 @@ impl ServeConfig {
             ));
         }
         let pyramid = pyramid_policy(args.pyramid_method, file.pyramid.unwrap_or_default())?;
+        let roots = if args.add_source_roots.is_empty() {
+            file.add_source_roots.unwrap_or_default()
+        } else {
+            args.add_source_roots
+        };
+        if let Some(relative) = roots.iter().find(|r| !r.is_absolute()) {
+            return Err(ConfigError::Invalid(format!(
+                "add_source_roots entry '{}' must be an absolute path",
+                relative.display()
+            )));
+        }
+        let runtime = RuntimeRoots {
+            roots,
+            max_files: args
+                .add_source_max_files
+                .or(file.add_source_max_files)
+                .unwrap_or(DEFAULT_MAX_FILES),
+        };
         let cache_max_bytes = match args.cache_max_bytes.or(cache_file.max_bytes) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
@@ -568,11 +627,13 @@ impl ServeConfig {
             cache_group_readable: args.cache_group_readable
                 || cache_file.group_readable.unwrap_or(false),
             source_options,
-            watch: args.watch.or(file.watch).unwrap_or(false),
+            watch: args.watch.or(file.watch).unwrap_or(true),
+            watch_requested: args.watch.or(file.watch) == Some(true),
             watch_interval,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             log_format: file.log_format.unwrap_or_default(),
             pyramid,
+            runtime,
         })
     }
 }
@@ -650,16 +711,81 @@ fn file_sources(
                 "source {shown} is listed twice"
             )));
         }
+        let supplied = supplied_of(&table)?;
         paths.push(table.path.clone());
         options.insert(
             table.path,
             SourceOptions {
                 id: table.id,
                 dim_labels: table.dim_labels,
+                supplied: (!supplied.is_empty()).then(|| std::sync::Arc::new(supplied)),
             },
         );
     }
     Ok((paths, options))
+}
+
+/// The physical scale and metadata a `[[source]]` table supplies, checked: metadata from
+/// `metadata` or `metadata_file` (not both), an object whose keys Tessera does not write.
+fn supplied_of(table: &SourceFile) -> Result<Supplied, ConfigError> {
+    let shown = table.path.display();
+    let metadata = match (&table.metadata, &table.metadata_file) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::Invalid(format!(
+                "[[source]] {shown}: give metadata or metadata_file, not both"
+            )));
+        }
+        (Some(inline), None) => {
+            let value = serde_json::to_value(inline)
+                .map_err(|e| ConfigError::Invalid(format!("[[source]] {shown}: metadata: {e}")))?;
+            value.as_object().cloned()
+        }
+        (None, Some(file)) => {
+            let text = std::fs::read(file).map_err(|source| ConfigError::Read {
+                path: file.clone(),
+                source,
+            })?;
+            let value: serde_json::Value =
+                serde_json::from_slice(&text).map_err(|e| ConfigError::Parse {
+                    path: file.clone(),
+                    message: format!("metadata_file of [[source]] {shown}: {e}"),
+                })?;
+            match value {
+                serde_json::Value::Object(map) => Some(map),
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "[[source]] {shown}: metadata_file {} must hold a JSON object",
+                        file.display()
+                    )));
+                }
+            }
+        }
+        (None, None) => None,
+    };
+    let supplied = Supplied {
+        physical_scale: table.physical_scale.clone(),
+        physical_unit: table.physical_unit.clone(),
+        metadata,
+    };
+    supplied
+        .check_keys()
+        .map_err(|why| ConfigError::Invalid(format!("[[source]] {shown}: {why}")))?;
+    if let Some(bad) = supplied
+        .physical_scale
+        .iter()
+        .flatten()
+        .find(|v| !v.is_finite() || **v < 0.0)
+    {
+        return Err(ConfigError::Invalid(format!(
+            "[[source]] {shown}: physical_scale value {bad} is not a finite size of 0 or more"
+        )));
+    }
+    if supplied.physical_unit.is_some() && supplied.physical_scale.is_none() {
+        return Err(ConfigError::Invalid(format!(
+            "[[source]] {shown}: physical_unit needs physical_scale"
+        )));
+    }
+    Ok(supplied)
 }
 
 /// Parses `2s`, `500ms`, `1.5s`, `1m`, or a bare number of seconds; zero is refused
@@ -762,7 +888,7 @@ mod tests {
             Some(vec!["y".to_string(), "x".to_string()])
         );
         assert_eq!(sources[0].options, SourceOptions::default());
-        assert!(config.watch);
+        assert!(config.watch && config.watch_requested);
         assert_eq!(config.watch_interval, Duration::from_millis(250));
         assert_eq!(config.metrics_listen.unwrap().port(), 9100);
         assert_eq!(config.log_format, LogFormat::Json);
@@ -772,7 +898,8 @@ mod tests {
     fn defaults_apply_when_the_file_is_silent() {
         let config = resolve_file("", ServeArgs::default()).unwrap();
         assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
-        assert!(!config.watch);
+        assert!(config.watch, "directories are watched by default");
+        assert!(!config.watch_requested);
         assert_eq!(config.watch_interval, DEFAULT_WATCH_INTERVAL);
         assert_eq!(config.metrics_listen, None);
         assert_eq!(config.log_format, LogFormat::Text);
@@ -828,6 +955,51 @@ mod tests {
         assert!(e.contains("soon"), "{e}");
         let e = err("sources = [\"/a.npy\"]\n[[source]]\npath = \"/a.npy\"\n");
         assert!(e.contains("listed twice"), "{e}");
+    }
+
+    #[test]
+    fn source_metadata_and_runtime_roots_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("m.json");
+        std::fs::write(&meta, r#"{"objective": "60x"}"#).unwrap();
+        let config = resolve_file(
+            &format!(
+                "add_source_roots = [\"/data/inbox\"]\nadd_source_max_files = 7\n\
+                 [[source]]\npath = \"/d/a.npy\"\nphysical_scale = [0.5, 0.1]\n\
+                 physical_unit = \"um\"\nmetadata_file = \"{}\"\n",
+                meta.display()
+            ),
+            ServeArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(config.runtime.roots, [PathBuf::from("/data/inbox")]);
+        assert_eq!(config.runtime.max_files, 7);
+        let supplied = config.sources()[0].options.supplied.clone().unwrap();
+        assert_eq!(supplied.physical_scale, Some(vec![0.5, 0.1]));
+        assert_eq!(supplied.metadata.as_ref().unwrap()["objective"], "60x");
+        let flags = ServeArgs {
+            add_source_roots: vec![PathBuf::from("/flag/root")],
+            ..Default::default()
+        };
+        let config = resolve_file("add_source_roots = [\"/file/root\"]\n", flags).unwrap();
+        assert_eq!(config.runtime.roots, [PathBuf::from("/flag/root")]);
+
+        let err = |text: &str| {
+            resolve_file(text, ServeArgs::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("add_source_roots = [\"relative\"]\n");
+        assert!(e.contains("relative") && e.contains("absolute"), "{e}");
+        let e = err(&format!(
+            "[[source]]\npath = \"/a.npy\"\nmetadata = {{ a = 1 }}\nmetadata_file = \"{}\"\n",
+            meta.display()
+        ));
+        assert!(e.contains("not both"), "{e}");
+        let e = err("[[source]]\npath = \"/a.npy\"\nmetadata = { shape = 1 }\n");
+        assert!(e.contains("shape"), "{e}");
+        let e = err("[[source]]\npath = \"/a.npy\"\nphysical_scale = [-1.0]\n");
+        assert!(e.contains("-1"), "{e}");
     }
 
     #[test]

@@ -54,7 +54,10 @@ pub enum DaemonError {
     #[error("{0}")]
     BadToken(#[from] crate::flight::auth::BadToken),
     /// Another process holds the cache directory.
-    #[error("cache directory is in use: {0}")]
+    #[error(
+        "cache directory is in use: {0}; give this server a directory of its own with \
+         --cache-dir DIR (or TESSERA_CACHE_DIR), or stop the other one"
+    )]
     CacheLocked(StoreError),
     /// The chunk cache could not be set up.
     #[error("chunk cache: {0}")]
@@ -98,7 +101,19 @@ impl Daemon {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
             None => None,
         };
-        let store = open_store(config)?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| DaemonError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let scheme = if tls.is_some() { "grpcs" } else { "grpc" };
+        let holder = match listener.local_addr() {
+            Ok(addr) => format!("listening on {scheme}://{addr}"),
+            Err(_) => format!("listening on {scheme}://{}", config.listen),
+        };
+        let store = open_store(config, &holder)?;
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
@@ -130,8 +145,12 @@ impl Daemon {
             ServiceState::new(registry, options, chunks)
                 .with_pin_limits(config.pins)
                 .with_pyramid(config.pyramid.clone())
-                .with_metrics(metrics),
+                .with_metrics(metrics)
+                .with_runtime_roots(config.runtime.clone()),
         );
+        let tree_state = state.clone();
+        // The catalog tree of the first scan, built before the first call needs it.
+        let _ = tokio::task::spawn_blocking(move || tree_state.catalog_tree()).await;
         state.scan_status().finish();
         let metrics_server = match config.metrics_listen {
             Some(addr) => Some(
@@ -141,13 +160,6 @@ impl Daemon {
             ),
             None => None,
         };
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| DaemonError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
         Ok(Daemon {
             listener,
             admission: Admission {
@@ -215,6 +227,7 @@ impl Daemon {
         let scheme = if self.tls.is_some() { "grpcs" } else { "grpc" };
         if let Some(addr) = addr {
             tracing::info!("listening on {scheme}://{addr}");
+            tracing::info!("{}", read_hint(&self.state, &format!("{scheme}://{addr}")));
         }
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &self.tls {
@@ -262,10 +275,36 @@ impl Daemon {
     }
 }
 
+/// The startup line that says how to read what is served: the `tessera ls` command and
+/// the Python line of the biopb client, with the first served id.
+fn read_hint(state: &ServiceState, location: &str) -> String {
+    let first = state
+        .sources()
+        .read()
+        .tensors()
+        .map(|t| t.array_id.clone())
+        .min();
+    let tls = if location.starts_with("grpcs") {
+        " --tls-ca CERT.pem"
+    } else {
+        ""
+    };
+    match first {
+        Some(id) => format!(
+            "read with: tessera ls {location}{tls}   or, in Python: \
+             biopb.tensor.TensorFlightClient(\"{location}\").get_tensor(\"{id}\")"
+        ),
+        None => format!(
+            "nothing served yet; once .npy files are, read with: tessera ls {location}{tls}"
+        ),
+    }
+}
+
 /// The chunk store the configuration asks for: the segment files, or RAM when the
 /// configuration says so or the cache directory is refused (a lock held by another
 /// process is an error instead: two daemons must not share a directory by accident).
-fn open_store(config: &ServeConfig) -> Result<Arc<dyn ChunkStore>, DaemonError> {
+/// `holder` (where this server listens) is noted in the lock file for the next one refused.
+fn open_store(config: &ServeConfig, holder: &str) -> Result<Arc<dyn ChunkStore>, DaemonError> {
     let memory = |reason: String| {
         MemoryStore::new(config.memory_cache_bytes, reason)
             .map(|store| Arc::new(store) as Arc<dyn ChunkStore>)
@@ -285,6 +324,9 @@ fn open_store(config: &ServeConfig) -> Result<Arc<dyn ChunkStore>, DaemonError> 
     match Store::open(options) {
         Ok(store) => {
             tracing::info!(dir = %config.cache_dir.display(), "file cache open");
+            if let Err(err) = store.note_holder(holder) {
+                tracing::warn!(error = %err, "cannot note the listen address in the lock file");
+            }
             Ok(Arc::new(SegmentFiles::new(store)))
         }
         Err(err @ StoreError::Locked { .. }) => Err(DaemonError::CacheLocked(err)),

@@ -53,6 +53,12 @@ pub enum ServiceError {
     /// A server-side failure: I/O error, broken cache, bug.
     #[error("{0}")]
     Internal(String),
+    /// An addressing or argument refusal of a call whose client code converts no Flight
+    /// error (the `resolve` action: `resolve_source`), which users must still meet as
+    /// `ValueError`, as on reads: sent as a bare INVALID_ARGUMENT (no Arrow trailers, no
+    /// details), which pyarrow raises as `ArrowInvalid`, a `ValueError` (docs/decisions/0016).
+    #[error("{0}")]
+    Value(Box<ServiceError>),
 }
 
 /// What the biopb client puts in `extra_info` to classify an addressing error.
@@ -64,6 +70,7 @@ impl ServiceError {
     /// The gRPC code, the Arrow Flight detail name and the optional `extra_info` JSON.
     fn classify(&self) -> (Code, &'static str, Option<Bytes>) {
         match self {
+            Self::Value(inner) => (Code::InvalidArgument, "Invalid", inner.classify().2),
             Self::Unauthenticated(_) => (Code::Unauthenticated, "Unauthenticated", None),
             Self::UnknownSource(_) => (
                 Code::Unknown,
@@ -95,7 +102,22 @@ impl ServiceError {
 
     /// Whether the failure is the server's fault (logged at error level) or the caller's.
     fn is_server_fault(&self) -> bool {
-        matches!(self, Self::Internal(_))
+        match self {
+            Self::Value(inner) => inner.is_server_fault(),
+            other => matches!(other, Self::Internal(_)),
+        }
+    }
+
+    /// This refusal as one the client raises as `ValueError` (see [`ServiceError::Value`]);
+    /// server faults and unavailability keep their own class.
+    pub fn as_value_error(self) -> ServiceError {
+        match self {
+            Self::UnknownSource(_)
+            | Self::UnknownField { .. }
+            | Self::InvalidArgument(_)
+            | Self::Stale(_) => Self::Value(Box::new(self)),
+            other => other,
+        }
     }
 }
 
@@ -106,6 +128,11 @@ impl From<ServiceError> for Status {
         // `metrics::Metered`, which sees every status, the token check's included.
         tracing::debug!(error = %message, server_fault = err.is_server_fault(), "call failed");
         let (code, detail, info) = err.classify();
+        if let ServiceError::Value(_) = err {
+            // No Arrow trailers and no details: pyarrow then raises the bare code's
+            // class, `ArrowInvalid` (a `ValueError`) for INVALID_ARGUMENT.
+            return Status::new(code, message);
+        }
         let mut metadata = MetadataMap::new();
         // Arrow's own trailers: with them pyarrow keeps `extra_info` and the exact
         // exception class; without them it drops grpc-status-details-bin.
@@ -167,6 +194,18 @@ mod tests {
             .iter()
             .map(|(name, value)| name.as_str().len() + value.len() + 32)
             .sum()
+    }
+
+    #[test]
+    fn value_refusals_are_bare_invalid_argument_with_the_message() {
+        let status = Status::from(ServiceError::UnknownSource("nope".to_string()).as_value_error());
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("'nope'"), "{}", status.message());
+        assert!(status.metadata().get("x-arrow-status").is_none());
+        assert!(status.details().is_empty());
+        // Server faults keep their own class.
+        let internal = ServiceError::Internal("disk".to_string()).as_value_error();
+        assert_eq!(Status::from(internal).code(), Code::Internal);
     }
 
     #[test]

@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arrow_array::RecordBatch;
+use parking_lot::Mutex;
+
+use crate::catalog::tree::{Level, TreeIndex};
 use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunk_id::ChunkId;
 use crate::chunks::{ChunkService, EncodedChunk};
@@ -17,6 +21,7 @@ use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
 use crate::source::npy::Kind;
 use crate::source::registry::{OpenOptions, Registry, Tensor};
+use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
 
@@ -31,6 +36,9 @@ pub struct ServiceState {
     routes: RoutePlanner,
     metrics: Metrics,
     pyramid: PyramidPolicy,
+    runtime: RuntimeRoots,
+    /// The catalog tree of the registry generation it was built for.
+    tree: Mutex<Option<(u64, Arc<TreeIndex>)>>,
 }
 
 impl ServiceState {
@@ -46,6 +54,8 @@ impl ServiceState {
             routes: RoutePlanner::default(),
             metrics: Metrics::default(),
             pyramid: PyramidPolicy::default(),
+            runtime: RuntimeRoots::default(),
+            tree: Mutex::new(None),
         }
     }
 
@@ -58,6 +68,59 @@ impl ServiceState {
     /// The policy of the pyramid descriptors advertise.
     pub fn pyramid(&self) -> &PyramidPolicy {
         &self.pyramid
+    }
+
+    /// Sets where `add_source` may register paths from (default: nowhere, refused).
+    pub fn with_runtime_roots(mut self, runtime: RuntimeRoots) -> Self {
+        self.runtime = runtime;
+        self
+    }
+
+    /// Where `add_source` may register paths from.
+    pub fn runtime_roots(&self) -> &RuntimeRoots {
+        &self.runtime
+    }
+
+    /// One level of the catalog tree (`catalog_children`). The tree is built once per
+    /// registry generation, so a level costs a few binary searches.
+    pub fn catalog_children(&self, key: &str, limit: usize) -> Level {
+        self.catalog_tree().children(key, limit)
+    }
+
+    /// The catalog tree of the current registry, built now if the set of sources changed
+    /// since it was last built. Called (blocking) after every change of the set, so a
+    /// `catalog_children` rarely pays for the build.
+    pub fn catalog_tree(&self) -> Arc<TreeIndex> {
+        let registry = self.sources.read();
+        let generation = registry.generation();
+        let mut cached = self.tree.lock();
+        match cached.as_ref() {
+            Some((built, index)) if *built == generation => index.clone(),
+            _ => {
+                let index = Arc::new(TreeIndex::of(&registry));
+                *cached = Some((generation, index.clone()));
+                index
+            }
+        }
+    }
+
+    /// The `sources` row of `source_id` in the columns every biopb reader decodes
+    /// (`SOURCE_ROW_COLUMNS`: what `resolve` answers), after resolving it as a read would:
+    /// an unknown id or a refused file is refused the same way.
+    pub fn source_row(&self, source_id: &str) -> ServiceResult<RecordBatch> {
+        let failed = |e: arrow_schema::ArrowError| {
+            ServiceError::Internal(format!("building the row of '{source_id}': {e}"))
+        };
+        let tensor = self.resolve(source_id)?;
+        let snapshot = catalog::Snapshot::of_source(&self.sources.read(), &tensor.source_id);
+        let batch = catalog::tables::sources_batch(&snapshot).map_err(failed)?;
+        let schema = batch.schema();
+        let columns = catalog::tables::SOURCE_ROW_COLUMNS
+            .iter()
+            .map(|name| schema.index_of(name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        batch.project(&columns).map_err(failed)
     }
 
     /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).

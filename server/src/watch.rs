@@ -74,6 +74,9 @@ impl Watcher {
             if let Some(next) = next {
                 tracing::debug!(sources = next.len(), "registry updated from disk");
                 state.replace_registry(next);
+                let tree_state = state.clone();
+                // The catalog tree of the new set, built off the request path.
+                let _ = tokio::task::spawn_blocking(move || tree_state.catalog_tree()).await;
             }
             state.scan_status().finish();
         }
@@ -107,7 +110,9 @@ impl Watcher {
         // Every path the registry knows, including refused files with no identity (one
         // that vanished under a request was refused then, with nothing to identify it by).
         let removed = held.keys().any(|path| !now.contains_key(path))
-            || registry.refused().any(|r| !now.contains_key(&r.path));
+            || registry
+                .refused()
+                .any(|r| !r.origin.is_dropped() && !now.contains_key(&r.path));
         self.previous = now;
         if !(settled_changed || removed) {
             return None;
@@ -119,11 +124,13 @@ impl Watcher {
 /// What the registry holds for each path: the identity the file had when opened
 /// (or refused).
 fn held_identities(registry: &Registry) -> HashMap<PathBuf, FileIdentity> {
+    // Runtime sources are not on the configured paths; the rescan leaves them alone.
     let mut held: HashMap<PathBuf, FileIdentity> = registry
         .tensors()
+        .filter(|t| !t.origin.is_dropped())
         .map(|t| (t.file.path().to_path_buf(), t.file.identity()))
         .collect();
-    for refused in registry.refused() {
+    for refused in registry.refused().filter(|r| !r.origin.is_dropped()) {
         if let Some(id) = registry.refused_identity(&refused.source_id) {
             held.insert(refused.path.clone(), id);
         }

@@ -15,8 +15,9 @@ def test_two_worker_processes_reduce_bit_exact(start_server, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     np.save(data / "planes.npy", planes)
-    # Small chunks, so the read is many tasks spread over both workers.
-    server = start_server(data, extra=("--chunk-target", "8KiB"))
+    # Small chunks on both grids (socket and mapped plans), so the read is many
+    # tasks spread over both workers.
+    server = start_server(data, extra=("--chunk-target", "8KiB", "--mapped-chunk-target", "8KiB"))
     tensor = TensorFlightClient(server.location, cache_bytes=0).get_tensor("planes")
     assert tensor.npartitions > 4
 

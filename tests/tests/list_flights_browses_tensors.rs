@@ -1,5 +1,6 @@
 //! ListFlights gives generic Flight tools one FlightInfo per tensor (path
-//! descriptor, stamped schema, endpoints), and a PATH GetFlightInfo plans it.
+//! descriptor, stamped schema, endpoints) and nothing else; criteria `catalog` lists the
+//! catalog's tables instead; a PATH GetFlightInfo plans a tensor.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use arrow_flight::FlightDescriptor;
@@ -34,6 +35,21 @@ async fn list_flights_names_every_tensor_with_its_plan() {
         })
         .collect();
     assert_eq!(tensor_infos.len(), 2, "one FlightInfo per tensor");
+    assert_eq!(infos.len(), 2, "tensors only: no catalog table among them");
+
+    // The catalog's tables are listed on request, apart from the tensors.
+    let tables: Vec<_> = client
+        .list_flights(bytes::Bytes::from_static(b"catalog"))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let names: Vec<_> = tables
+        .iter()
+        .map(|i| i.flight_descriptor.as_ref().unwrap().path.join("/"))
+        .collect();
+    assert_eq!(names, ["sources", "tensors"]);
     for info in &tensor_infos {
         let desc = info.flight_descriptor.as_ref().unwrap();
         assert_eq!(desc.r#type(), DescriptorType::Path);

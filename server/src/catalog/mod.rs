@@ -21,6 +21,7 @@ mod guard;
 mod len;
 mod session;
 pub mod tables;
+pub mod tree;
 pub mod wire;
 mod worker;
 

@@ -5,7 +5,6 @@
 //! * `tensors`: one row per served tensor, with the serving details (chunk grid,
 //!   byte size, path, content version) that `sources` leaves out.
 
-use std::path::Path;
 use std::sync::{Arc, LazyLock};
 
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder};
@@ -17,12 +16,24 @@ use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
 use crate::source::registry::{Refused, Registry, Tensor};
 
+pub use crate::source::origin::file_url;
+
 /// Name of the table of sources.
 pub const SOURCES: &str = "sources";
 /// Name of the table of tensors.
 pub const TENSORS: &str = "tensors";
 /// Every catalog table, in the order ListFlights reports them.
 pub const TABLES: [&str; 2] = [SOURCES, TENSORS];
+
+/// The columns of a source's row every biopb reader decodes (the client's
+/// `SOURCE_ROW_COLUMNS`): what `resolve` answers.
+pub const SOURCE_ROW_COLUMNS: [&str; 5] = [
+    "source_id",
+    "source_url",
+    "source_type",
+    "is_resolved",
+    "tensors",
+];
 
 /// The only source type Tessera serves.
 const SOURCE_TYPE: &str = "npy";
@@ -41,6 +52,14 @@ impl Snapshot {
         Snapshot {
             tensors: registry.tensors().cloned().collect(),
             refused: registry.refused().cloned().collect(),
+        }
+    }
+
+    /// The one source `id` of `registry` (nothing when there is none).
+    pub fn of_source(registry: &Registry, id: &str) -> Snapshot {
+        Snapshot {
+            tensors: registry.get(id).cloned().into_iter().collect(),
+            refused: registry.refused_source(id).cloned().into_iter().collect(),
         }
     }
 
@@ -134,7 +153,7 @@ pub fn table_schema(name: &str) -> Option<SchemaRef> {
 /// One `sources` row before it becomes columns.
 struct SourceRow<'a> {
     source_id: &'a str,
-    path: &'a Path,
+    url: String,
     tensor: Option<&'a Tensor>,
     reason: Option<&'a str>,
 }
@@ -146,13 +165,13 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
         .iter()
         .map(|t| SourceRow {
             source_id: &t.source_id,
-            path: t.file.path(),
+            url: t.source_url(),
             tensor: Some(t),
             reason: None,
         })
         .chain(snapshot.refused.iter().map(|r| SourceRow {
             source_id: &r.source_id,
-            path: &r.path,
+            url: r.source_url(),
             tensor: None,
             reason: Some(&r.reason),
         }))
@@ -182,7 +201,7 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
 
     let columns: Vec<ArrayRef> = vec![
         strings(rows.iter().map(|r| r.source_id)),
-        strings_owned(rows.iter().map(|r| file_url(r.path))),
+        strings(rows.iter().map(|r| r.url.as_str())),
         strings(rows.iter().map(|_| SOURCE_TYPE)),
         Arc::new(BooleanArray::from_iter(
             rows.iter().map(|r| Some(r.tensor.is_some())),
@@ -268,34 +287,10 @@ fn content_version(tensor: &Tensor) -> String {
     )
 }
 
-/// `file://` URL of an absolute path, percent-encoding every byte outside the URL
-/// unreserved set and `/` (what Python's `pathlib.Path.as_uri()` produces).
-pub fn file_url(path: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let mut url = String::from("file://");
-    for &byte in path.as_os_str().as_bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'/') {
-            url.push(char::from(byte));
-        } else {
-            url.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    url
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    #[test]
-    fn file_urls_escape_like_pathlib() {
-        assert_eq!(file_url(Path::new("/a/b c/d.npy")), "file:///a/b%20c/d.npy");
-        assert_eq!(
-            file_url(Path::new("/x/it's/%/é.npy")),
-            "file:///x/it%27s/%25/%C3%A9.npy"
-        );
-    }
 
     #[test]
     fn empty_snapshot_gives_empty_tables_with_the_declared_schemas() {
@@ -317,6 +312,7 @@ mod tests {
                 path: "/data/bad.npy".into(),
                 reason: "dtype '>c32' is not supported".to_string(),
                 after_change: false,
+                origin: Default::default(),
             }],
         };
         let batch = sources_batch(&snapshot).unwrap();

@@ -29,6 +29,21 @@ pub fn flight_data(
         })
 }
 
+/// `batch` as the bytes of an Arrow IPC stream (schema message, the batch, end marker):
+/// the `source_row` of a `resolve` reply.
+pub fn ipc_stream(batch: &arrow_array::RecordBatch) -> ServiceResult<Vec<u8>> {
+    let encode = |e: arrow_schema::ArrowError| {
+        ServiceError::Internal(format!("encoding a catalog row: {e}"))
+    };
+    let mut out = Vec::new();
+    let mut writer =
+        arrow_ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).map_err(encode)?;
+    writer.write(batch).map_err(encode)?;
+    writer.finish().map_err(encode)?;
+    drop(writer);
+    Ok(out)
+}
+
 /// The `FlightInfo` of catalog table `name` (`None` when `name` is not one):
 /// descriptor PATH `[name]`, the table's schema, one endpoint whose ticket runs
 /// `SELECT * FROM <name>`, and unknown totals (-1).

@@ -7,6 +7,7 @@ use tessera_proto::units::{format_duration, format_size};
 use toml::{Table, Value};
 
 use super::{CacheKind, LogFormat, ServeConfig};
+use crate::source::meta::Units;
 
 /// What is printed instead of the token.
 pub const REDACTED: &str = "<redacted>";
@@ -71,6 +72,14 @@ pub fn render(config: &ServeConfig) -> String {
         LogFormat::Json => "json",
     };
     top.insert("log_format".into(), Value::String(log_format.into()));
+    top.insert(
+        "add_source_roots".into(),
+        Value::Array(config.runtime.roots.iter().map(|r| path_value(r)).collect()),
+    );
+    top.insert(
+        "add_source_max_files".into(),
+        Value::Integer(i64::try_from(config.runtime.max_files).unwrap_or(i64::MAX)),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;
@@ -130,6 +139,24 @@ pub fn render(config: &ServeConfig) -> String {
                     "dim_labels".into(),
                     Value::Array(labels.into_iter().map(Value::String).collect()),
                 );
+            }
+            if let Some(supplied) = spec.options.supplied {
+                if let Some(scale) = &supplied.physical_scale {
+                    table.insert(
+                        "physical_scale".into(),
+                        Value::Array(scale.iter().map(|v| Value::Float(*v)).collect()),
+                    );
+                }
+                if let Some(Ok(unit)) = supplied.physical_unit.as_ref().map(|u| match u {
+                    Units::One(one) => Ok(Value::String(one.clone())),
+                    Units::PerAxis(all) => Value::try_from(all),
+                }) {
+                    table.insert("physical_unit".into(), unit);
+                }
+                // JSON nulls have no TOML form: such metadata is not echoed.
+                if let Some(Ok(metadata)) = supplied.metadata.as_ref().map(Value::try_from) {
+                    table.insert("metadata".into(), metadata);
+                }
             }
             Value::Table(table)
         })

@@ -1,15 +1,29 @@
-//! Flight actions: `health`, `chunk_locate`, `cache_stats`.
+//! Flight actions: `health`, `chunk_locate`, `cache_stats`, `catalog_children`,
+//! `remove_source` (one reply each) and `resolve`, `add_source` (streamed replies).
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use arrow_flight::ActionType;
 use bytes::Bytes;
+use prost::Message;
 use tessera_proto::consts::{
-    ACTION_CACHE_STATS, ACTION_CHUNK_LOCATE, ACTION_HEALTH, FLIGHT_PROTOCOL_VERSION,
+    ACTION_ADD_SOURCE, ACTION_CACHE_STATS, ACTION_CATALOG_CHILDREN, ACTION_CHUNK_LOCATE,
+    ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE, FLIGHT_PROTOCOL_VERSION,
     HEALTH_STATUS_SERVING, SERVER_NAME,
 };
 use tessera_proto::json::{ChunkLocateReply, Health};
+use tessera_proto::pb::{
+    AddSourceFailure, AddSourceProgress, AddSourceRequest, AddSourceResult, AddSourceStreamMessage,
+    RemoveSourceRequest, RemoveSourceResult, ResolveProgress, ResolveStreamMessage,
+    add_source_stream_message, resolve_stream_message,
+};
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
 
+use super::BoxStream;
+use crate::catalog::tree::DEFAULT_LIMIT;
 use crate::error::{ServiceError, ServiceResult};
+use crate::source::runtime::{self, AddReport, RuntimeError};
 use crate::state::ServiceState;
 
 /// The actions this server answers, for ListActions.
@@ -21,6 +35,22 @@ pub fn action_types() -> Vec<ActionType> {
             "Where a chunk lives in a local segment file, for zero-copy mmap reads (JSON).",
         ),
         (ACTION_CACHE_STATS, "Chunk cache counters (JSON)."),
+        (
+            ACTION_CATALOG_CHILDREN,
+            "One level of the catalog tree: JSON {key, limit} to {key, folders, sources, truncated}.",
+        ),
+        (
+            ACTION_RESOLVE,
+            "A source's `sources` row (streamed ResolveStreamMessage; .npy sources resolve at once).",
+        ),
+        (
+            ACTION_ADD_SOURCE,
+            "Serve a server path under add_source_roots at runtime (streamed AddSourceStreamMessage).",
+        ),
+        (
+            ACTION_REMOVE_SOURCE,
+            "Stop serving the runtime sources at or under a dnd:// url (RemoveSourceResult).",
+        ),
     ]
     .into_iter()
     .map(|(name, description)| ActionType {
@@ -37,13 +67,198 @@ fn json(value: &impl serde::Serialize) -> ServiceResult<Bytes> {
 }
 
 /// Runs the action named `kind` with `body` and returns the one result body.
-pub async fn run(state: &ServiceState, kind: &str, body: &[u8]) -> ServiceResult<Bytes> {
+pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceResult<Bytes> {
     match kind {
         ACTION_HEALTH => json(&health(state)),
         ACTION_CHUNK_LOCATE => json(&chunk_locate(state, body).await?),
         ACTION_CACHE_STATS => json(&cache_stats(state)),
+        ACTION_CATALOG_CHILDREN => json(&catalog_children(state, body)?),
+        ACTION_REMOVE_SOURCE => remove_source(state, body),
         other => Err(ServiceError::UnknownAction(other.to_string())),
     }
+}
+
+/// Runs the action named `kind` if it answers with a stream of results; `None` for the
+/// actions [`run`] answers.
+pub fn run_streaming(
+    state: &Arc<ServiceState>,
+    kind: &str,
+    body: &[u8],
+) -> ServiceResult<Option<BoxStream<arrow_flight::Result>>> {
+    Ok(match kind {
+        ACTION_RESOLVE => Some(resolve(state, body)?),
+        ACTION_ADD_SOURCE => Some(add_source(state, body)?),
+        _ => None,
+    })
+}
+
+/// `{key, limit}`, both optional, to one level of the catalog tree.
+fn catalog_children(
+    state: &ServiceState,
+    body: &[u8],
+) -> ServiceResult<crate::catalog::tree::Level> {
+    let bad = || {
+        ServiceError::InvalidArgument(
+            "catalog_children takes a JSON object {\"key\": a string, \"limit\": a positive integer}"
+                .to_string(),
+        )
+    };
+    let request: serde_json::Value = if body.is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::from_slice(body).map_err(|_| bad())?
+    };
+    let object = request.as_object().ok_or_else(bad)?;
+    let key = match object.get("key") {
+        None | Some(serde_json::Value::Null) => "",
+        Some(serde_json::Value::String(key)) => key.as_str(),
+        Some(_) => return Err(bad()),
+    };
+    let limit = match object.get("limit") {
+        None | Some(serde_json::Value::Null) => DEFAULT_LIMIT,
+        Some(value) => match value.as_u64() {
+            Some(n) if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => return Err(bad()),
+        },
+    };
+    Ok(state.catalog_children(key, limit))
+}
+
+fn result(message: &impl Message) -> arrow_flight::Result {
+    arrow_flight::Result::new(message.encode_to_vec())
+}
+
+/// The source's row, after one heartbeat naming what is resolved: a `.npy` source is
+/// resolved as soon as it opens, so no other heartbeat is needed.
+fn resolve(state: &ServiceState, body: &[u8]) -> ServiceResult<BoxStream<arrow_flight::Result>> {
+    let started = Instant::now();
+    let source_id = std::str::from_utf8(body).map_err(|_| {
+        ServiceError::InvalidArgument("resolve takes a source id as UTF-8 text".to_string())
+    })?;
+    let row = state
+        .source_row(source_id)
+        .map_err(ServiceError::as_value_error)?;
+    let (target_name, target_bytes) = state
+        .sources()
+        .read()
+        .get(source_id)
+        .map(|t| {
+            let path = t.file.path();
+            let name = path.file_name().map_or_else(
+                || source_id.to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            (
+                name,
+                i64::try_from(t.file.identity().size).unwrap_or(i64::MAX),
+            )
+        })
+        .unwrap_or_else(|| (source_id.to_string(), 0));
+    let progress = ResolveStreamMessage {
+        payload: Some(resolve_stream_message::Payload::Progress(ResolveProgress {
+            elapsed_seconds: started.elapsed().as_secs_f64(),
+            target_name,
+            target_bytes,
+        })),
+    };
+    let row = ResolveStreamMessage {
+        payload: Some(resolve_stream_message::Payload::SourceRow(
+            crate::catalog::wire::ipc_stream(&row)?,
+        )),
+    };
+    Ok(super::once(vec![result(&progress), result(&row)]))
+}
+
+fn runtime_refusal(err: RuntimeError) -> ServiceError {
+    match err {
+        RuntimeError::Disabled => ServiceError::Unsupported(err.to_string()),
+        other => ServiceError::InvalidArgument(other.to_string()),
+    }
+}
+
+/// How many progress messages may wait for a slow reader before the walk waits too.
+const PROGRESS_QUEUE: usize = 16;
+
+/// Checks the request at once (refusals are the call's status), then walks and registers
+/// on a blocking thread, streaming progress; a closed stream stops the walk.
+fn add_source(
+    state: &Arc<ServiceState>,
+    body: &[u8],
+) -> ServiceResult<BoxStream<arrow_flight::Result>> {
+    let request = AddSourceRequest::decode(body)
+        .map_err(|e| ServiceError::InvalidArgument(format!("malformed add_source request: {e}")))?;
+    if !matches!(request.source_type.as_str(), "" | "npy") {
+        return Err(ServiceError::InvalidArgument(format!(
+            "source_type '{}' is not served by Tessera: it serves .npy files only (leave it empty or 'npy')",
+            request.source_type
+        )));
+    }
+    let plan = runtime::plan_add(state.sources(), state.runtime_roots(), &request.url)
+        .map_err(runtime_refusal)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<arrow_flight::Result>(PROGRESS_QUEUE);
+    let worker_state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let report = plan.run(worker_state.sources(), |count, path| {
+            let progress = AddSourceStreamMessage {
+                payload: Some(add_source_stream_message::Payload::Progress(
+                    AddSourceProgress {
+                        added_count: i32::try_from(count).unwrap_or(i32::MAX),
+                        current_path: path.display().to_string(),
+                    },
+                )),
+            };
+            tx.blocking_send(result(&progress)).is_ok()
+        });
+        let done = AddSourceStreamMessage {
+            payload: Some(add_source_stream_message::Payload::Result(add_result(
+                report,
+            ))),
+        };
+        // The client may have gone; what was registered stays registered.
+        let _ = tx.blocking_send(result(&done));
+        worker_state.catalog_tree();
+    });
+    Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (Ok(item), rx))
+    })))
+}
+
+fn add_result(report: AddReport) -> AddSourceResult {
+    AddSourceResult {
+        added: report.added,
+        already_present: report.already_present,
+        failed: report
+            .failed
+            .into_iter()
+            .map(|(path, reason)| AddSourceFailure { path, reason })
+            .collect(),
+        refreshed: report.refreshed,
+        removed: report.removed,
+        skipped_offline: 0,
+        skipped_cloud_dirs: 0,
+    }
+}
+
+/// Removes the runtime sources at or under a `dnd://` url.
+fn remove_source(state: &Arc<ServiceState>, body: &[u8]) -> ServiceResult<Bytes> {
+    let request = RemoveSourceRequest::decode(body).map_err(|e| {
+        ServiceError::InvalidArgument(format!("malformed remove_source request: {e}"))
+    })?;
+    if state.runtime_roots().roots.is_empty() {
+        return Err(runtime_refusal(RuntimeError::Disabled));
+    }
+    let removed = runtime::remove(state.sources(), &request.root_url).map_err(runtime_refusal)?;
+    if !removed.is_empty() {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || state.catalog_tree());
+    }
+    Ok(Bytes::from(
+        RemoveSourceResult {
+            removed,
+            failed: Vec::new(),
+        }
+        .encode_to_vec(),
+    ))
 }
 
 /// The chunk cache's counters and what unread replies hold.

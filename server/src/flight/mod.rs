@@ -45,7 +45,7 @@ use crate::source::sources::check_array_id_len;
 use crate::state::ServiceState;
 
 /// A boxed response stream.
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The SQL of a catalog ticket, decoded by the chunk route ([`chunk_get::ChunkGet`]) and
 /// handed to [`TesseraFlight::do_get`] as a request extension.
@@ -79,9 +79,8 @@ impl TesseraFlight {
     ) -> ServiceResult<FlightInfo> {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
-                let request = decode_flight_request(&descriptor.cmd).map_err(|e| {
-                    ServiceError::InvalidArgument(format!("malformed GetFlightInfo command: {e}"))
-                })?;
+                let request = decode_flight_request(&descriptor.cmd)
+                    .map_err(|e| malformed_command(&descriptor.cmd, &e))?;
                 let tensor = self.state.resolve(&request.array_id)?;
                 plan::plan(
                     &tensor,
@@ -123,6 +122,50 @@ impl TesseraFlight {
     }
 }
 
+/// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
+/// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
+/// message shows the PATH form that names a tensor by id.
+fn malformed_command(cmd: &[u8], err: &tessera_proto::ProtoError) -> ServiceError {
+    let bare_id = std::str::from_utf8(cmd).ok().filter(|text| {
+        !text.is_empty()
+            && text.len() <= 256
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c))
+    });
+    match bare_id {
+        Some(id) => ServiceError::InvalidArgument(format!(
+            "a CMD descriptor holds a serialized biopb FlightRequest, not an array id; to \
+             name a tensor by id use a PATH descriptor: FlightDescriptor.for_path(\"{id}\") \
+             in pyarrow (ListFlights lists them)"
+        )),
+        None => ServiceError::InvalidArgument(format!(
+            "malformed GetFlightInfo command: {err}; a CMD descriptor holds a serialized \
+             biopb FlightRequest (a PATH descriptor names a tensor by id)"
+        )),
+    }
+}
+
+/// What ListFlights lists for `criteria`: the served tensors (empty criteria), or the
+/// catalog's tables (`catalog`), never both, so a generic tool's listing holds only arrays.
+fn listing_of(criteria: &[u8]) -> ServiceResult<Listing> {
+    match criteria {
+        b"" => Ok(Listing::Tensors),
+        b"catalog" => Ok(Listing::CatalogTables),
+        other => Err(ServiceError::InvalidArgument(format!(
+            "ListFlights criteria '{}' is not understood: send none for the tensors, or \
+             'catalog' for the catalog's tables (sources, tensors)",
+            String::from_utf8_lossy(&other[..other.len().min(64)])
+        ))),
+    }
+}
+
+/// The two listings of ListFlights.
+enum Listing {
+    Tensors,
+    CatalogTables,
+}
+
 fn once<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
     Box::pin(futures::stream::iter(items.into_iter().map(Ok)))
 }
@@ -150,9 +193,11 @@ impl FlightService for TesseraFlight {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let route = self.route_of(&request);
+        if let Listing::CatalogTables = listing_of(&request.get_ref().expression)? {
+            return Ok(Response::new(once(catalog::wire::table_flight_infos()?)));
+        }
         let tensors: Vec<Arc<Tensor>> = self.state.sources().read().tensors().cloned().collect();
-        let mut infos = catalog::wire::table_flight_infos()?;
-        infos.reserve(tensors.len());
+        let mut infos = Vec::with_capacity(tensors.len());
         for tensor in tensors {
             let request = TensorReadOption {
                 array_id: tensor.array_id.clone(),
@@ -244,6 +289,9 @@ impl FlightService for TesseraFlight {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
+        if let Some(stream) = actions::run_streaming(&self.state, &action.r#type, &action.body)? {
+            return Ok(Response::new(stream));
+        }
         let body = actions::run(&self.state, &action.r#type, &action.body).await?;
         Ok(Response::new(once(vec![arrow_flight::Result::new(body)])))
     }

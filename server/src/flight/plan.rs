@@ -24,6 +24,8 @@ use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use prost::Message;
 use tessera_proto::pb::{ChunkBounds, PyramidLevel, SliceHint, TensorDescriptor, TensorReadOption};
 
+use tessera_proto::consts::MASK_IS_RESIDENT;
+
 use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
 use crate::grid::{ChunkGrid, Region};
@@ -39,6 +41,7 @@ struct Mask {
     endpoints: bool,
     metadata_json: bool,
     pyramid: bool,
+    is_resident: bool,
 }
 
 impl Mask {
@@ -49,6 +52,7 @@ impl Mask {
                 endpoints: true,
                 metadata_json: true,
                 pyramid: true,
+                is_resident: false,
             },
             Some(mask) => {
                 let has = |p: &str| mask.paths.iter().any(|x| x == p);
@@ -56,6 +60,7 @@ impl Mask {
                     endpoints: has("endpoints"),
                     metadata_json: has("metadata_json"),
                     pyramid: has("pyramid"),
+                    is_resident: has(MASK_IS_RESIDENT),
                 }
             }
         }
@@ -189,6 +194,9 @@ pub fn plan(
             Vec::new()
         },
         content_version: Some(version_bytes(tensor)),
+        physical_scale: tensor.meta.physical_scale.clone(),
+        physical_unit: tensor.meta.physical_unit.clone(),
+        is_resident: mask.is_resident.then(|| is_resident(tensor)),
         ..Default::default()
     };
 
@@ -274,6 +282,12 @@ pub fn endpoints(
                 .with_app_metadata(bounds.encode_to_vec()))
         })
         .collect()
+}
+
+/// Whether the source's bytes are on this machine now: its file is a local file, so yes
+/// while it is there. One `stat`, never a read of the file.
+fn is_resident(tensor: &Tensor) -> bool {
+    std::fs::metadata(tensor.file.path()).is_ok_and(|m| m.is_file())
 }
 
 /// The content version as the descriptor reports it (informational for clients).

@@ -49,15 +49,19 @@ pub fn normalize_label(label: &str) -> Option<AxisRole> {
     }
 }
 
-/// The default `dim_labels` of a tensor of `rank` axes (`.npy` files carry no
-/// labels).
+/// The default `dim_labels` of a tensor of `shape` (`.npy` files carry no labels).
 ///
 /// The fastest axes are spatial, slower ones are channel and time:
 /// rank 1 → `x`; 2 → `y x`; 3 → `z y x`; 4 → `c z y x`; 5 → `t c z y x`;
 /// rank 6 and above → `dim_0`, `dim_1`, … for the extra leading axes, then
-/// `t c z y x`. Rank 0 has no labels.
-pub fn default_dim_labels(rank: usize) -> Vec<String> {
+/// `t c z y x`. Rank 0 has no labels. One exception fits how images are stored: a
+/// 3-D array whose last axis has length 3 or 4 (RGB, RGBA) is `y x c`.
+pub fn default_dim_labels(shape: &[u64]) -> Vec<String> {
     const TAIL: [&str; 5] = ["t", "c", "z", "y", "x"];
+    if let [_, _, 3 | 4] = shape {
+        return ["y", "x", "c"].map(str::to_owned).to_vec();
+    }
+    let rank = shape.len();
     let named = rank.min(TAIL.len());
     let extra = rank - named;
     (0..extra)
@@ -72,16 +76,24 @@ mod tests {
 
     #[test]
     fn defaults_by_rank() {
-        assert!(default_dim_labels(0).is_empty());
-        assert_eq!(default_dim_labels(1), ["x"]);
-        assert_eq!(default_dim_labels(2), ["y", "x"]);
-        assert_eq!(default_dim_labels(3), ["z", "y", "x"]);
-        assert_eq!(default_dim_labels(4), ["c", "z", "y", "x"]);
-        assert_eq!(default_dim_labels(5), ["t", "c", "z", "y", "x"]);
+        assert!(default_dim_labels(&[]).is_empty());
+        assert_eq!(default_dim_labels(&[9]), ["x"]);
+        assert_eq!(default_dim_labels(&[9, 9]), ["y", "x"]);
+        assert_eq!(default_dim_labels(&[24, 256, 256]), ["z", "y", "x"]);
+        assert_eq!(default_dim_labels(&[2, 9, 9, 9]), ["c", "z", "y", "x"]);
+        assert_eq!(default_dim_labels(&[2; 5]), ["t", "c", "z", "y", "x"]);
         assert_eq!(
-            default_dim_labels(7),
+            default_dim_labels(&[2; 7]),
             ["dim_0", "dim_1", "t", "c", "z", "y", "x"]
         );
+    }
+
+    #[test]
+    fn images_with_three_or_four_trailing_samples_are_y_x_c() {
+        assert_eq!(default_dim_labels(&[480, 640, 3]), ["y", "x", "c"]);
+        assert_eq!(default_dim_labels(&[480, 640, 4]), ["y", "x", "c"]);
+        assert_eq!(default_dim_labels(&[480, 640, 5]), ["z", "y", "x"]);
+        assert_eq!(default_dim_labels(&[10, 480, 640, 3]), ["c", "z", "y", "x"]);
     }
 
     #[test]

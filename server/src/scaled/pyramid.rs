@@ -135,7 +135,7 @@ mod tests {
     use crate::grid::default_dim_labels;
 
     fn levels(shape: &[u64]) -> Vec<Vec<u64>> {
-        PyramidPolicy::default().levels(shape, &default_dim_labels(shape.len()))
+        PyramidPolicy::default().levels(shape, &default_dim_labels(shape))
     }
 
     #[test]

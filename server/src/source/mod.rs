@@ -1,6 +1,9 @@
 //! Sources: the files Tessera serves ([`npy`]), the registry of them ([`registry`]), its
 //! lifecycle ([`sources`]) and the state of full scans ([`scan`]); the watcher rescans them.
+pub mod meta;
 pub mod npy;
+pub mod origin;
 pub mod registry;
+pub mod runtime;
 pub mod scan;
 pub mod sources;

@@ -23,10 +23,22 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, Region, default_dim_labels};
+use crate::source::meta::{self, SourceMeta, Supplied};
 use crate::source::npy::{FileIdentity, Limits, NpyError, NpyFile};
+use crate::source::origin::Origin;
+
+/// Source of registry generations: every registry whose set of sources may differ from
+/// its parent's gets a new one, so what is derived from the set (the catalog tree) is
+/// rebuilt only when it changed.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
 
 /// One served tensor: an opened `.npy` file with its chunk grid.
 #[derive(Debug)]
@@ -47,14 +59,20 @@ pub struct Tensor {
     pub dim_labels: Vec<String>,
     /// The file's content version at open time; part of every chunk id.
     pub version: ContentVersion,
+    /// Configured, or added at runtime.
+    pub origin: Origin,
+    /// Operator-supplied metadata and physical scale (docs/configuration.md).
+    pub meta: SourceMeta,
 }
 
 impl Tensor {
     /// What Tessera knows about a source, as the JSON clients get with `metadata_json`
     /// (GetFlightInfo) and in the `tensors` catalog table.
+    /// Supplied metadata keys come after Tessera's own (which they may not replace), then
+    /// the physical scale and why supplied metadata was refused, when either is known.
     pub fn metadata_json(&self) -> String {
         let header = self.file.header();
-        serde_json::json!({
+        let mut out = serde_json::json!({
             "format": "npy",
             "path": self.file.path().display().to_string(),
             "npy_version": format!("{}.{}", header.version.0, header.version.1),
@@ -63,8 +81,37 @@ impl Tensor {
             "shape": self.shape(),
             "chunk_shape": self.grid.chunk_shape(),
             "mapped_chunk_shape": self.mapped_grid.chunk_shape(),
-        })
-        .to_string()
+        });
+        if let Some(map) = out.as_object_mut() {
+            for (key, value) in &self.meta.metadata {
+                map.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+            if !self.meta.physical_scale.is_empty() {
+                map.insert(
+                    "physical_scale".to_string(),
+                    serde_json::json!(self.meta.physical_scale),
+                );
+                map.insert(
+                    "physical_unit".to_string(),
+                    serde_json::json!(self.meta.physical_unit),
+                );
+            }
+            if let Some(error) = &self.meta.error {
+                map.insert("metadata_error".to_string(), serde_json::json!(error));
+            }
+        }
+        out.to_string()
+    }
+
+    /// The `source_url` clients see.
+    pub fn source_url(&self) -> String {
+        self.origin.url(self.file.path())
+    }
+
+    /// Whether the file and its metadata sidecar are as they were when opened (two `stat`s).
+    pub fn is_current(&self) -> bool {
+        self.file.check_unchanged().is_ok()
+            && meta::sidecar_identity(self.file.path()) == self.meta.sidecar
     }
 
     /// The numpy dtype string of the tensor, byte order included (`"<u2"`).
@@ -112,32 +159,63 @@ pub struct Refused {
     /// It was served until its file changed on disk into something unreadable (a request
     /// or a rescan reopened it), as opposed to refused when first opened.
     pub after_change: bool,
+    /// Configured, or added at runtime.
+    pub origin: Origin,
+}
+
+impl Refused {
+    /// The `source_url` clients see.
+    pub fn source_url(&self) -> String {
+        self.origin.url(&self.path)
+    }
 }
 
 /// The sources of one server, keyed by id. Cloning is cheap: tensors are shared.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Registry {
     tensors: BTreeMap<String, Arc<Tensor>>,
     refused: BTreeMap<String, Refused>,
     /// Configured axis labels by id, so a reopen keeps them.
     label_overrides: BTreeMap<String, Vec<String>>,
+    /// Configured metadata by id, so a reopen keeps it.
+    supplied: BTreeMap<String, Arc<Supplied>>,
+    /// Origins other than [`Origin::Configured`] by id, so a reopen keeps them.
+    origins: BTreeMap<String, Origin>,
+    /// Changes whenever the set of sources (ids and paths) may have changed.
+    generation: u64,
     /// Identity of each refused file when it was refused: a rebuild retries it
     /// only once this changes.
     refused_identities: BTreeMap<String, FileIdentity>,
 }
 
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            tensors: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            label_overrides: BTreeMap::new(),
+            supplied: BTreeMap::new(),
+            origins: BTreeMap::new(),
+            refused_identities: BTreeMap::new(),
+            generation: next_generation(),
+        }
+    }
+}
+
 /// How one configured path is served.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SourceOptions {
     /// For a file, the id it is served under; for a directory, the prefix of the
     /// ids of the files in it (`alias.sub.name`).
     pub id: Option<String>,
     /// Axis labels replacing the defaults; a tensor of another rank is refused.
     pub dim_labels: Option<Vec<String>>,
+    /// Physical scale and metadata of every file of the path (a sidecar overlays them).
+    pub supplied: Option<Arc<Supplied>>,
 }
 
 /// A configured path (a `.npy` file or a directory scanned recursively) and its options.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SourceSpec {
     /// The file or directory.
     pub path: PathBuf,
@@ -186,6 +264,7 @@ struct Candidate {
     id: String,
     path: PathBuf,
     dim_labels: Option<Vec<String>>,
+    supplied: Option<Arc<Supplied>>,
 }
 
 /// The `.npy` files found under the configured paths, with the ids they get.
@@ -255,17 +334,12 @@ impl Registry {
             let tensor = self.tensors.get(id).filter(|t| same_path(t.file.path()));
             let refused = self.refused.get(id).filter(|r| same_path(&r.path));
             if unsettled(&candidate.path) {
-                next.carry(
-                    id,
-                    tensor,
-                    refused,
-                    self.label_overrides.get(id),
-                    self.refused_identity(id),
-                );
+                next.carry(self, id, tensor, refused);
                 continue;
             }
-            let labels_same = self.label_overrides.get(id) == candidate.dim_labels.as_ref();
-            let tensor = tensor.filter(|t| labels_same && t.file.check_unchanged().is_ok());
+            let labels_same = self.label_overrides.get(id) == candidate.dim_labels.as_ref()
+                && self.supplied.get(id) == candidate.supplied.as_ref();
+            let tensor = tensor.filter(|t| labels_same && t.is_current());
             let refused = refused.filter(|r| {
                 labels_same
                     && self
@@ -273,13 +347,7 @@ impl Registry {
                         .is_some_and(|held| Some(held) == identity_at(&r.path))
             });
             if tensor.is_some() || refused.is_some() {
-                next.carry(
-                    id,
-                    tensor,
-                    refused,
-                    candidate.dim_labels.as_ref(),
-                    self.refused_identity(id),
-                );
+                next.carry(self, id, tensor, refused);
                 continue;
             }
             if candidate.id != candidate.base {
@@ -288,9 +356,22 @@ impl Registry {
             next.open_one(
                 id.clone(),
                 candidate.path.clone(),
-                candidate.dim_labels.clone(),
+                Settings {
+                    labels: candidate.dim_labels.clone(),
+                    supplied: candidate.supplied.clone(),
+                    origin: Origin::Configured,
+                },
                 options,
             );
+        }
+        // Sources added at runtime are not on the configured paths: a rescan keeps them,
+        // unless a configured file took the id meanwhile.
+        for (id, origin) in &self.origins {
+            if next.tensors.contains_key(id) || next.refused.contains_key(id) {
+                tracing::warn!(source_id = %id, ?origin, "runtime source shadowed by a configured file with its id; removed");
+                continue;
+            }
+            next.carry(self, id, self.tensors.get(id), self.refused.get(id));
         }
         for (id, tensor) in &self.tensors {
             let path = tensor.file.path();
@@ -301,40 +382,61 @@ impl Registry {
         next
     }
 
-    /// Copies one previous entry into `self` unchanged.
+    /// The generation of this registry's set of sources: equal generations hold the same
+    /// ids at the same paths.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Copies one entry of `previous` into `self` unchanged, with its settings.
     fn carry(
         &mut self,
+        previous: &Registry,
         id: &str,
         tensor: Option<&Arc<Tensor>>,
         refused: Option<&Refused>,
-        labels: Option<&Vec<String>>,
-        previous_identity: Option<FileIdentity>,
     ) {
         if let Some(tensor) = tensor {
             self.tensors.insert(id.to_string(), tensor.clone());
         } else if let Some(refused) = refused {
             self.refused.insert(id.to_string(), refused.clone());
-            if let Some(identity) = previous_identity {
+            if let Some(identity) = previous.refused_identity(id) {
                 self.refused_identities.insert(id.to_string(), identity);
             }
         } else {
             return;
         }
-        if let Some(labels) = labels {
+        if let Some(labels) = previous.label_overrides.get(id) {
             self.label_overrides.insert(id.to_string(), labels.clone());
+        }
+        if let Some(supplied) = previous.supplied.get(id) {
+            self.supplied.insert(id.to_string(), supplied.clone());
+        }
+        if let Some(origin) = previous.origins.get(id) {
+            self.origins.insert(id.to_string(), origin.clone());
         }
     }
 
-    fn open_one(
-        &mut self,
-        id: String,
-        path: PathBuf,
-        labels: Option<Vec<String>>,
-        options: &OpenOptions,
-    ) {
-        let result = open_tensor(&id, &path, labels.as_deref(), options);
-        if let Some(labels) = labels {
+    /// The settings `id` was opened with.
+    fn settings_of(&self, id: &str) -> Settings {
+        Settings {
+            labels: self.label_overrides.get(id).cloned(),
+            supplied: self.supplied.get(id).cloned(),
+            origin: self.origins.get(id).cloned().unwrap_or_default(),
+        }
+    }
+
+    fn open_one(&mut self, id: String, path: PathBuf, settings: Settings, options: &OpenOptions) {
+        let result = open_tensor(&id, &path, &settings, options);
+        let origin = settings.origin.clone();
+        if let Some(labels) = settings.labels {
             self.label_overrides.insert(id.clone(), labels);
+        }
+        if let Some(supplied) = settings.supplied {
+            self.supplied.insert(id.clone(), supplied);
+        }
+        if origin.is_dropped() {
+            self.origins.insert(id.clone(), origin.clone());
         }
         match result {
             Ok(tensor) => {
@@ -360,6 +462,7 @@ impl Registry {
                         path,
                         reason,
                         after_change: false,
+                        origin,
                     },
                 );
             }
@@ -372,11 +475,107 @@ impl Registry {
         let was_served = self.tensors.remove(id).is_some();
         let broke_before = self.refused.remove(id).is_some_and(|r| r.after_change);
         self.refused_identities.remove(id);
-        let labels = self.label_overrides.remove(id);
-        self.open_one(id.to_string(), path.to_path_buf(), labels, options);
+        let settings = self.settings_of(id);
+        self.open_one(id.to_string(), path.to_path_buf(), settings, options);
         if let Some(refused) = self.refused.get_mut(id) {
             refused.after_change = was_served || broke_before;
         }
+    }
+
+    /// `self` with the runtime sources of `current` in place of its own: a rescan started
+    /// from an older snapshot neither loses a source added since nor brings back one
+    /// removed since.
+    pub fn with_runtime_of(mut self, current: &Registry) -> Registry {
+        let own: Vec<String> = self.origins.keys().cloned().collect();
+        for id in own {
+            self.forget(&id);
+        }
+        for id in current.origins.keys() {
+            if self.tensors.contains_key(id) || self.refused.contains_key(id) {
+                continue;
+            }
+            self.carry(
+                current,
+                id,
+                current.tensors.get(id),
+                current.refused.get(id),
+            );
+        }
+        self.generation = next_generation();
+        self
+    }
+
+    /// Removes every trace of `id`.
+    fn forget(&mut self, id: &str) {
+        self.tensors.remove(id);
+        self.refused.remove(id);
+        self.label_overrides.remove(id);
+        self.supplied.remove(id);
+        self.origins.remove(id);
+        self.refused_identities.remove(id);
+    }
+
+    /// Removes the source `id`; whether there was one.
+    pub fn remove(&mut self, id: &str) -> bool {
+        let known = self.tensors.contains_key(id) || self.refused.contains_key(id);
+        if known {
+            self.forget(id);
+            self.generation = next_generation();
+            tracing::info!(source_id = %id, "runtime source removed");
+        }
+        known
+    }
+
+    /// Adds the file at `path` under a new id made unique from `base`, opened with
+    /// `settings`: its id, or why it cannot be served (it is then not registered).
+    pub fn add(
+        &mut self,
+        base: &str,
+        path: &Path,
+        settings: Settings,
+        options: &OpenOptions,
+    ) -> Result<String, String> {
+        let base = sanitize(base);
+        let mut id = base.clone();
+        let mut n = 1;
+        while self.tensors.contains_key(&id) || self.refused.contains_key(&id) {
+            n += 1;
+            id = format!("{base}-{n}");
+        }
+        self.open_one(id.clone(), path.to_path_buf(), settings, options);
+        self.generation = next_generation();
+        if self.tensors.contains_key(&id) {
+            return Ok(id);
+        }
+        let reason = self
+            .refused
+            .get(&id)
+            .map_or_else(|| "not opened".to_string(), |r| r.reason.clone());
+        self.forget(&id);
+        Err(reason)
+    }
+
+    /// Ids of every source (served or refused) by path.
+    pub fn ids_by_path(&self) -> HashMap<PathBuf, String> {
+        self.tensors
+            .values()
+            .map(|t| (t.file.path().to_path_buf(), t.source_id.clone()))
+            .chain(
+                self.refused
+                    .values()
+                    .map(|r| (r.path.clone(), r.source_id.clone())),
+            )
+            .collect()
+    }
+
+    /// The origin of `id` (configured unless it was added at runtime).
+    pub fn origin(&self, id: &str) -> Origin {
+        self.origins.get(id).cloned().unwrap_or_default()
+    }
+
+    /// Runtime sources: id and origin.
+    pub fn runtime_sources(&self) -> impl Iterator<Item = (&String, &Origin)> {
+        self.origins.iter()
     }
 
     /// The tensor with this exact array id or source id.
@@ -420,12 +619,24 @@ pub fn identity_at(path: &Path) -> Option<FileIdentity> {
     std::fs::metadata(path).ok().map(|m| FileIdentity::of(&m))
 }
 
+/// What a source is opened with besides its path.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// Configured axis labels.
+    pub labels: Option<Vec<String>>,
+    /// Configured metadata and physical scale.
+    pub supplied: Option<Arc<Supplied>>,
+    /// Where it came from.
+    pub origin: Origin,
+}
+
 fn open_tensor(
     id: &str,
     path: &Path,
-    labels: Option<&[String]>,
+    settings: &Settings,
     options: &OpenOptions,
 ) -> Result<Tensor, String> {
+    let labels = settings.labels.as_deref();
     let file = NpyFile::open(path, &options.limits).map_err(|e| refusal(path, &e))?;
     let header = file.header();
     let plan_grid = |target: u64| {
@@ -448,7 +659,7 @@ fn open_tensor(
     };
     let rank = header.shape.len();
     let dim_labels = match labels {
-        None => default_dim_labels(rank),
+        None => default_dim_labels(&header.shape),
         Some(labels) if labels.len() == rank => labels.to_vec(),
         Some(labels) => {
             return Err(format!(
@@ -458,6 +669,7 @@ fn open_tensor(
             ));
         }
     };
+    let meta = meta::load(path, rank, settings.supplied.as_deref());
     Ok(Tensor {
         array_id: id.to_string(),
         source_id: id.to_string(),
@@ -466,6 +678,8 @@ fn open_tensor(
         mapped_grid,
         dim_labels,
         version,
+        origin: settings.origin.clone(),
+        meta,
     })
 }
 
@@ -498,6 +712,7 @@ fn collect(
     let path = spec.path.as_path();
     let alias = spec.options.id.as_deref();
     let labels = &spec.options.dim_labels;
+    let supplied = &spec.options.supplied;
     let meta = std::fs::metadata(path)?;
     if meta.is_file() {
         let stem = path
@@ -509,6 +724,7 @@ fn collect(
             id: String::new(),
             path: absolute(path),
             dim_labels: labels.clone(),
+            supplied: supplied.clone(),
         });
         return Ok(());
     }
@@ -534,6 +750,7 @@ fn collect(
             id: String::new(),
             path: absolute(&file),
             dim_labels: labels.clone(),
+            supplied: supplied.clone(),
         });
     }
     Ok(())
@@ -620,6 +837,7 @@ pub(crate) mod tests {
             options: SourceOptions {
                 id: id.map(str::to_string),
                 dim_labels: labels.map(|l| l.iter().map(|s| s.to_string()).collect()),
+                supplied: None,
             },
         }
     }
@@ -699,6 +917,94 @@ pub(crate) mod tests {
         // A regular file served by name still shows what it begins with.
         let copy = &registry.refused_source("copy").unwrap().reason;
         assert!(copy.contains("root:x:0"), "{copy}");
+    }
+
+    fn dropped(root: &Path) -> Settings {
+        Settings {
+            origin: Origin::Dropped {
+                label: "drop".into(),
+                root: root.to_path_buf(),
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_rescan_keeps_the_runtime_sources_of_the_swap_not_of_its_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        npy(&dir.path().join("conf.npy"), &[2], &[1, 2]);
+        let inbox = tempfile::tempdir().unwrap();
+        npy(&inbox.path().join("a.npy"), &[1], &[3]);
+        npy(&inbox.path().join("b.npy"), &[1], &[4]);
+        let specs = [SourceSpec::from(dir.path().to_path_buf())];
+        let (mut current, _) = Registry::scan(&specs, &options());
+        let a = current
+            .add(
+                "drop.a",
+                &inbox.path().join("a.npy"),
+                dropped(inbox.path()),
+                &options(),
+            )
+            .unwrap();
+        let before = current.generation();
+        // A rescan starts from this snapshot; meanwhile `a` is removed and `b` added.
+        let snapshot = current.clone();
+        assert!(current.remove(&a));
+        let b = current
+            .add(
+                "drop.b",
+                &inbox.path().join("b.npy"),
+                dropped(inbox.path()),
+                &options(),
+            )
+            .unwrap();
+        assert_ne!(current.generation(), before);
+        let rescanned = snapshot.rebuild(&Discovery::run(&specs), |_| false, &options());
+        assert!(
+            rescanned.get(&a).is_some(),
+            "a rebuild alone keeps runtime sources"
+        );
+        let swapped = rescanned.with_runtime_of(&current);
+        assert!(
+            swapped.get(&a).is_none(),
+            "removed during the rescan: stays removed"
+        );
+        assert_eq!(swapped.get(&b).unwrap().source_url(), "dnd://drop/b.npy");
+        assert!(swapped.get("conf").is_some());
+        assert!(!swapped.origin("conf").is_dropped());
+    }
+
+    #[test]
+    fn runtime_ids_never_take_a_served_id_and_bad_files_are_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        npy(&dir.path().join("x.npy"), &[1], &[1]);
+        std::fs::write(dir.path().join("bad.npy"), b"nope").unwrap();
+        let mut registry = Registry::default();
+        let first = registry
+            .add(
+                "x",
+                &dir.path().join("x.npy"),
+                dropped(dir.path()),
+                &options(),
+            )
+            .unwrap();
+        let second = registry
+            .add(
+                "x",
+                &dir.path().join("x.npy"),
+                dropped(dir.path()),
+                &options(),
+            )
+            .unwrap();
+        assert_eq!((first.as_str(), second.as_str()), ("x", "x-2"));
+        let refused = registry.add(
+            "bad",
+            &dir.path().join("bad.npy"),
+            dropped(dir.path()),
+            &options(),
+        );
+        assert!(refused.unwrap_err().contains("not a .npy file"));
+        assert!(registry.refused_source("bad").is_none());
     }
 
     #[test]

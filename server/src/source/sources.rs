@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::chunk_id::MAX_ARRAY_ID_BYTES;
 use crate::error::{ServiceError, ServiceResult};
@@ -37,9 +37,20 @@ impl Sources {
         self.registry.read()
     }
 
-    /// Swaps in a rescanned registry.
+    /// The registry, write-locked (hold it briefly), for runtime sources.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write()
+    }
+
+    /// How sources are opened.
+    pub fn open_options(&self) -> &OpenOptions {
+        &self.open_options
+    }
+
+    /// Swaps in a rescanned registry, keeping the runtime sources as they are now.
     pub fn replace(&self, registry: Registry) {
-        *self.registry.write() = registry;
+        let mut current = self.registry.write();
+        *current = registry.with_runtime_of(&current);
     }
 
     /// How many sources are served.
@@ -68,7 +79,7 @@ impl Sources {
             .registry
             .read()
             .tensors()
-            .filter(|t| t.file.check_unchanged().is_err())
+            .filter(|t| !t.is_current())
             .map(|t| t.array_id.clone())
             .collect();
         for array_id in stale {
@@ -111,7 +122,7 @@ impl Sources {
                 field: field.to_string(),
             });
         }
-        if tensor.file.check_unchanged().is_ok() {
+        if tensor.is_current() {
             return Ok(tensor);
         }
         self.reopen(&tensor)

@@ -21,7 +21,8 @@ class TesseraProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "RUST_LOG": "info", **(env or {})},
+            # Scenarios change sources only under servers that ask for `--watch`.
+            env={**os.environ, "RUST_LOG": "info", "TESSERA_WATCH": "false", **(env or {})},
         )
         self.log = []
         self.location = None

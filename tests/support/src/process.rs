@@ -32,11 +32,29 @@ pub fn tessera_bin() -> PathBuf {
         }
         let root = workspace_root();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
+        let mut build = Command::new(cargo);
+        build
             .args(["build", "--quiet", "-p", "tessera-cli", "--bin", "tessera"])
-            .current_dir(&root)
-            .status()
-            .expect("cargo runs");
+            .current_dir(&root);
+        // The variables cargo sets for this test process describe this crate, not the build:
+        // ring's build script tracks CARGO_MANIFEST_DIR, so inheriting it made this build and
+        // the next `cargo test`/`cargo build` redo ring, rustls, tonic and everything above
+        // them in turn (a minute and a half of compiling inside whichever test came first).
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key == "CARGO_MANIFEST_DIR"
+                || key == "CARGO_MANIFEST_PATH"
+                || key == "CARGO_CRATE_NAME"
+                || key == "CARGO_PRIMARY_PACKAGE"
+                || key == "CARGO_TARGET_TMPDIR"
+                || key == "CARGO_RUSTC_CURRENT_DIR"
+                || key.starts_with("CARGO_PKG_")
+                || key.starts_with("CARGO_BIN_")
+            {
+                build.env_remove(key.as_ref());
+            }
+        }
+        let status = build.status().expect("cargo runs");
         assert!(status.success(), "building the tessera binary failed");
         root.join("target").join("debug").join("tessera")
     })
@@ -68,8 +86,9 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `tessera serve ARGS --listen 127.0.0.1:0` with `RUST_LOG=info` and waits (up to
-    /// 60 s) for it to listen. Panics with the log if it does not.
+    /// Starts `tessera serve ARGS --listen 127.0.0.1:0` with `RUST_LOG=info`, `NO_COLOR=1` and
+    /// `TESSERA_WATCH=false`, and waits (up to 60 s) for it to listen. Panics with the log
+    /// if it does not.
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> ServerProcess {
         Self::spawn_env(args, &[])
     }
@@ -94,7 +113,8 @@ impl ServerProcess {
         Self::spawn(&args)
     }
 
-    /// Like [`ServerProcess::spawn`], with extra environment variables.
+    /// Like [`ServerProcess::spawn`], with extra environment variables; an empty value
+    /// removes the variable (e.g. `("TESSERA_WATCH", "")` for the default of `serve`).
     pub fn spawn_env<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> ServerProcess {
         let mut command = Command::new(tessera_bin());
         command
@@ -108,11 +128,18 @@ impl ServerProcess {
             // Scenarios count the chunks of one grid; a flag or `env` may still ask for the
             // coarse grid of mapped loopback reads (docs/decisions/0015).
             .env("TESSERA_MAPPED_CHUNK_TARGET", "0")
+            // Scenarios change their sources under a server that does not rescan them
+            // unless they ask (`--watch`); the default is watched.
+            .env("TESSERA_WATCH", "false")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {
-            command.env(k, v);
+            if v.is_empty() {
+                command.env_remove(k);
+            } else {
+                command.env(k, v);
+            }
         }
         let mut child = command.spawn().expect("tessera starts");
         let stderr = child.stderr.take().unwrap();
@@ -241,4 +268,34 @@ fn listening_addr(line: &str) -> Option<SocketAddr> {
         .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
         .collect();
     addr.parse().ok()
+}
+
+/// What one run of a `tessera` command printed, and how it exited.
+pub struct CliRun {
+    /// Exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs `tessera ARGS` to completion with `env` over a cleaned environment (no
+/// `TESSERA_*` or `RUST_*` variables of the caller, `NO_COLOR=1`).
+pub fn run_cli<S: AsRef<OsStr>>(args: &[S], env: &[(&str, &str)]) -> CliRun {
+    let mut command = Command::new(tessera_bin());
+    command.args(args).env("NO_COLOR", "1").stdin(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if key.starts_with("TESSERA_") || key.starts_with("RUST_") {
+            command.env_remove(key);
+        }
+    }
+    command.envs(env.iter().copied());
+    let output = command.output().expect("tessera runs");
+    CliRun {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
 }
