@@ -102,7 +102,7 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("'nope'") && err.contains("unknown array id"),
+        err.contains("no tensor 'nope'"),
         "{err}"
     );
     server.stop().await;
