@@ -149,6 +149,23 @@ pub fn read_descriptor(array_id: &str, slice: Option<(&[i64], &[i64])>) -> Fligh
     FlightDescriptor::new_cmd(request.encode_to_vec())
 }
 
+/// A GetFlightInfo descriptor for a downsampled read of `array_id` (`scale_hint`,
+/// `reduction_method`), with the `endpoints` mask.
+pub fn scaled_descriptor(array_id: &str, scale: &[i64], method: &str) -> FlightDescriptor {
+    let request = FlightRequest {
+        request: Some(flight_request::Request::TensorRead(TensorReadOption {
+            array_id: array_id.to_string(),
+            scale_hint: scale.to_vec(),
+            reduction_method: method.to_string(),
+            fields: Some(FieldMask {
+                paths: vec!["endpoints".to_string()],
+            }),
+            ..Default::default()
+        })),
+    };
+    FlightDescriptor::new_cmd(request.encode_to_vec())
+}
+
 /// Every record batch a do_get of `ticket` returns.
 pub async fn fetch_batches(client: &mut FlightClient, ticket: Ticket) -> Vec<RecordBatch> {
     client

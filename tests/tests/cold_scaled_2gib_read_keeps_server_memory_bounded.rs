@@ -10,32 +10,15 @@
 
 use std::os::unix::fs::FileExt;
 
-use arrow_flight::{FlightDescriptor, Ticket};
+use arrow_flight::Ticket;
 use futures::TryStreamExt;
-use prost::Message;
 use tessera_e2e::process::ServerProcess;
 use tessera_e2e::*;
-use tessera_proto::pb::{FlightRequest, TensorReadOption, flight_request};
 
 const PLANES: u64 = 32;
 const SIDE: u64 = 8192;
 const MARK: usize = 4096;
 const BOUND: u64 = (2 * 8 + 32) << 20;
-
-fn scaled_descriptor(array_id: &str, scale: &[i64], method: &str) -> FlightDescriptor {
-    let request = FlightRequest {
-        request: Some(flight_request::Request::TensorRead(TensorReadOption {
-            array_id: array_id.to_string(),
-            scale_hint: scale.to_vec(),
-            reduction_method: method.to_string(),
-            fields: Some(prost_types::FieldMask {
-                paths: vec!["endpoints".to_string()],
-            }),
-            ..Default::default()
-        })),
-    };
-    FlightDescriptor::new_cmd(request.encode_to_vec())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_area_read_of_2gib_stays_under_two_chunks_and_32mib_anonymous() {

@@ -2,12 +2,9 @@
 //! and nothing is decoded again; with a memory cache, chunks are fetched instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use arrow_flight::FlightDescriptor;
-use prost::Message;
 use tessera_cli::remote::Credentials;
 use tessera_cli::warm::warm;
 use tessera_e2e::*;
-use tessera_proto::pb::{FlightRequest, TensorReadOption, flight_request};
 use tessera_server::config::CacheKind;
 use tessera_server::scaled::Method;
 use tessera_server::scaled::pyramid::PyramidPolicy;
@@ -101,27 +98,8 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("no tensor 'nope'"),
-        "{err}"
-    );
+    assert!(err.contains("no tensor 'nope'"), "{err}");
     server.stop().await;
-}
-
-/// A read of `array_id` at `scale` with `method`, asking for endpoints.
-fn scaled_descriptor(array_id: &str, scale: &[i64], method: &str) -> FlightDescriptor {
-    let request = FlightRequest {
-        request: Some(flight_request::Request::TensorRead(TensorReadOption {
-            array_id: array_id.to_string(),
-            scale_hint: scale.to_vec(),
-            reduction_method: method.to_string(),
-            fields: Some(prost_types::FieldMask {
-                paths: vec!["endpoints".to_string()],
-            }),
-            ..Default::default()
-        })),
-    };
-    FlightDescriptor::new_cmd(request.encode_to_vec())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,17 +345,7 @@ impl<'a> Job<'a> {
                 let at = (base + j) * item;
                 E::store(value, &mut out[at..at + item], big_endian);
             }
-            // Odometer over the tile's output rows.
-            let mut more = false;
-            for a in (0..last).rev() {
-                index[a] += 1;
-                if index[a] < row_hi[a] {
-                    more = true;
-                    break;
-                }
-                index[a] = row_lo[a];
-            }
-            if !more {
+            if !odometer_in(&mut index, &row_lo, &row_hi) {
                 return;
             }
         }
@@ -427,16 +417,7 @@ impl<'a> Job<'a> {
                     big_endian,
                 );
             }
-            let mut more = false;
-            for a in (0..last).rev() {
-                index[a] += 1;
-                if index[a] < hi[a] {
-                    more = true;
-                    break;
-                }
-                index[a] = lo[a];
-            }
-            if !more {
+            if !odometer_in(&mut index, &lo[..last], &hi[..last]) {
                 return;
             }
         }
@@ -592,6 +573,19 @@ fn odometer(index: &mut [u64], bounds: &[u64]) -> bool {
             return true;
         }
         index[a] = 0;
+    }
+    false
+}
+
+/// Advances `index` to the next position of the box `[lo, hi)` in C order (last axis
+/// fastest); false, with `index` back at `lo`, once it has passed the last one.
+fn odometer_in(index: &mut [u64], lo: &[u64], hi: &[u64]) -> bool {
+    for a in (0..index.len()).rev() {
+        index[a] += 1;
+        if index[a] < hi[a] {
+            return true;
+        }
+        index[a] = lo[a];
     }
     false
 }
