@@ -71,6 +71,27 @@ impl TesseraFlight {
         self.state.plan_route(loopback)
     }
 
+    /// Plans a whole-tensor read of `tensor` at full resolution under the id the client
+    /// used (a bare path descriptor, a ListFlights entry), on the grid of `route`.
+    fn plan_whole(
+        &self,
+        tensor: &Tensor,
+        array_id: &str,
+        route: Route,
+    ) -> ServiceResult<FlightInfo> {
+        let request = TensorReadOption {
+            array_id: array_id.to_string(),
+            ..Default::default()
+        };
+        plan::plan(
+            tensor,
+            &request,
+            &request.encode_to_vec(),
+            route,
+            self.state.pyramid(),
+        )
+    }
+
     /// Plans the read a descriptor asks for, on the grid of `route`.
     fn plan_descriptor(
         &self,
@@ -102,18 +123,9 @@ impl TesseraFlight {
                     return Ok(info);
                 }
                 let tensor = self.state.resolve(name)?;
-                let request = TensorReadOption {
-                    array_id: name.clone(),
-                    ..Default::default()
-                };
-                let info = plan::plan(
-                    &tensor,
-                    &request,
-                    &request.encode_to_vec(),
-                    route,
-                    self.state.pyramid(),
-                )?;
-                Ok(info.with_descriptor(descriptor.clone()))
+                Ok(self
+                    .plan_whole(&tensor, name, route)?
+                    .with_descriptor(descriptor.clone()))
             }
             DescriptorType::Unknown => Err(ServiceError::InvalidArgument(
                 "flight descriptor has no type (neither CMD nor PATH)".to_string(),
@@ -199,18 +211,9 @@ impl FlightService for TesseraFlight {
         let tensors: Vec<Arc<Tensor>> = self.state.sources().read().tensors().cloned().collect();
         let mut infos = Vec::with_capacity(tensors.len());
         for tensor in tensors {
-            let request = TensorReadOption {
-                array_id: tensor.array_id.clone(),
-                ..Default::default()
-            };
-            let info = plan::plan(
-                &tensor,
-                &request,
-                &request.encode_to_vec(),
-                route,
-                self.state.pyramid(),
-            )?
-            .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
+            let info = self
+                .plan_whole(&tensor, &tensor.array_id, route)?
+                .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
             infos.push(info);
         }
         Ok(Response::new(once(infos)))

@@ -330,22 +330,15 @@ impl<'a> Job<'a> {
         let item = self.itemsize as usize;
         let out_strides = c_strides(&vec![0; rank], &self.out_shape);
         let mut index: Vec<u64> = lo[..last].to_vec();
-        let row_lo: Vec<u64> = lo[..last].to_vec();
-        let row_hi: Vec<u64> = hi[..last].to_vec();
         let columns = lo[last]..hi[last];
         loop {
             self.stage::<E>(tile, &index, columns.clone(), 0, 0, big_endian, rows);
-            let base: usize = index
-                .iter()
-                .zip(&out_strides)
-                .map(|(&i, &s)| i as usize * s)
-                .sum::<usize>()
-                + columns.start as usize;
+            let base = row_offset(&index, &out_strides, columns.start);
             for (j, &value) in rows.row[0].iter().enumerate() {
                 let at = (base + j) * item;
                 E::store(value, &mut out[at..at + item], big_endian);
             }
-            if !odometer_in(&mut index, &row_lo, &row_hi) {
+            if !odometer_in(&mut index, &lo[..last], &hi[..last]) {
                 return;
             }
         }
@@ -403,12 +396,7 @@ impl<'a> Job<'a> {
                     break;
                 }
             }
-            let base: usize = index
-                .iter()
-                .zip(&out_strides)
-                .map(|(&i, &s)| i as usize * s)
-                .sum::<usize>()
-                + columns.start as usize;
+            let base = row_offset(&index, &out_strides, columns.start);
             for (j, &sum) in sums.iter().enumerate() {
                 let at = (base + j) * item;
                 E::store(
@@ -554,6 +542,17 @@ impl<E: Elem> Rows<E> {
             block: Vec::new(),
         }
     }
+}
+
+/// The element offset in the output chunk of output row `index` (every axis but the
+/// last), at column `first`.
+fn row_offset(index: &[u64], out_strides: &[usize], first: u64) -> usize {
+    index
+        .iter()
+        .zip(out_strides)
+        .map(|(&i, &s)| i as usize * s)
+        .sum::<usize>()
+        + first as usize
 }
 
 /// C-order strides (in elements) of a box `[start, stop)`.
