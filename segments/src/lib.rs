@@ -97,6 +97,7 @@ mod types;
 
 pub use error::StoreError;
 pub use layout::FORMAT_VERSION;
+pub use lockfile::DirLock;
 pub use options::StoreOptions;
 pub use store::Store;
 pub use types::{EntryBytes, EntryMeta, FileRange, Location, StoreStats};

@@ -5,9 +5,32 @@
 use std::fs::{File, OpenOptions, Permissions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
+
+/// The lock on a directory's `lock` file, held until dropped: for directories beside the
+/// store (a server's state directory) that follow the same one-process rule.
+#[derive(Debug)]
+pub struct DirLock {
+    file: File,
+    dir: PathBuf,
+}
+
+impl DirLock {
+    /// Takes the lock on `dir/lock`, or names the holder ([`StoreError::Locked`]).
+    pub fn acquire(dir: &Path) -> Result<DirLock, StoreError> {
+        Ok(DirLock {
+            file: acquire(dir)?,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Notes where the holder can be found, for a process the lock refuses.
+    pub fn note(&self, note: &str) -> Result<(), StoreError> {
+        write_note(&self.file, &self.dir, note)
+    }
+}
 
 /// Takes the lock on `dir/lock` (creating the file), or names the holder.
 ///

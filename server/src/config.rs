@@ -39,6 +39,9 @@
 //! Runtime sources (`add_source`): `add_source_roots = ["/data/inbox"]` (none by default:
 //! refused) and `add_source_max_files = 10000`.
 //!
+//! Writes: `writable = true` accepts uploads; `state_dir = "/var/lib/tessera"` holds what
+//! users write (uploads, annotations), never evicted.
+//!
 //! Operations keys: `watch = false` (sources are rescanned by default) and
 //! `watch_interval = "2s"` (live directories),
 //! `metrics_listen = "127.0.0.1:9815"`, `log_format = "json"`. Every key, flag and
@@ -217,6 +220,10 @@ pub struct ConfigFile {
     pub add_source_roots: Option<Vec<PathBuf>>,
     /// Most `.npy` files one `add_source` of a directory registers.
     pub add_source_max_files: Option<usize>,
+    /// Accept writes (uploads) from clients.
+    pub writable: Option<bool>,
+    /// Directory of users' data (uploads, annotations): never evicted.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -357,6 +364,14 @@ pub struct ServeArgs {
     /// Most .npy files one `add_source` of a directory registers [default: 10000].
     #[arg(long, env = "TESSERA_ADD_SOURCE_MAX_FILES", value_name = "N")]
     pub add_source_max_files: Option<usize>,
+    /// Accept uploads from clients (`add_tensor`, DoPut of chunks), kept in --state-dir;
+    /// with a token, every write needs it [default: false].
+    #[arg(long, env = "TESSERA_WRITABLE", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub writable: Option<bool>,
+    /// Directory of what users write (uploads, annotations): never evicted, locked like the
+    /// cache [default: $XDG_DATA_HOME/tessera or ~/.local/share/tessera].
+    #[arg(long, env = "TESSERA_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The effective configuration of a server.
@@ -414,6 +429,10 @@ pub struct ServeConfig {
     pub pyramid: PyramidPolicy,
     /// Where `add_source` may register paths from.
     pub runtime: RuntimeRoots,
+    /// Clients may write (uploads).
+    pub writable: bool,
+    /// Directory of users' data (uploads, annotations).
+    pub state_dir: PathBuf,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -454,6 +473,8 @@ impl ServeConfig {
             log_format: LogFormat::Text,
             pyramid: PyramidPolicy::default(),
             runtime: RuntimeRoots::default(),
+            writable: false,
+            state_dir: default_state_dir(),
         }
     }
 
@@ -634,6 +655,11 @@ impl ServeConfig {
             log_format: file.log_format.unwrap_or_default(),
             pyramid,
             runtime,
+            writable: args.writable.or(file.writable).unwrap_or(false),
+            state_dir: args
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(default_state_dir),
         })
     }
 }
@@ -807,6 +833,21 @@ pub fn default_cache_dir() -> PathBuf {
         return PathBuf::from(home).join(".cache").join("tessera");
     }
     std::env::temp_dir().join("tessera-cache")
+}
+
+/// The default state directory: `$XDG_DATA_HOME/tessera`, else `~/.local/share/tessera`
+/// (else a directory under the system's temporary directory).
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("tessera");
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(home)
+            .join(".local")
+            .join("share")
+            .join("tessera");
+    }
+    std::env::temp_dir().join("tessera-state")
 }
 
 /// Parses `123`, `64MiB`, `4GiB`, `500MB`, `1.5GiB` (binary and decimal units,

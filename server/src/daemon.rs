@@ -20,6 +20,7 @@ use crate::scrape::MetricsServer;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
+use crate::state_dir::{StateDir, StateDirError};
 use crate::tls::TlsIdentity;
 use crate::watch::Watcher;
 
@@ -59,6 +60,9 @@ pub enum DaemonError {
          --cache-dir DIR (or TESSERA_CACHE_DIR), or stop the other one"
     )]
     CacheLocked(StoreError),
+    /// The state directory of a writable server cannot be used.
+    #[error("{0}")]
+    StateDir(#[from] StateDirError),
     /// The chunk cache could not be set up.
     #[error("chunk cache: {0}")]
     Cache(String),
@@ -114,6 +118,7 @@ impl Daemon {
             Err(_) => format!("listening on {scheme}://{}", config.listen),
         };
         let store = open_store(config, &holder)?;
+        let state_dir = open_state_dir(config, &holder)?;
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
@@ -146,7 +151,8 @@ impl Daemon {
                 .with_pin_limits(config.pins)
                 .with_pyramid(config.pyramid.clone())
                 .with_metrics(metrics)
-                .with_runtime_roots(config.runtime.clone()),
+                .with_runtime_roots(config.runtime.clone())
+                .with_writes(config.writable, state_dir),
         );
         let tree_state = state.clone();
         // The catalog tree of the first scan, built before the first call needs it.
@@ -297,6 +303,28 @@ fn read_hint(state: &ServiceState, location: &str) -> String {
         None => format!(
             "nothing served yet; once .npy files are, read with: tessera ls {location}{tls}"
         ),
+    }
+}
+
+/// The state directory, locked for this server. A writable server refuses to start without
+/// it; a read-only one serves without (what needs it is then refused, naming the reason).
+fn open_state_dir(
+    config: &ServeConfig,
+    holder: &str,
+) -> Result<Option<Arc<StateDir>>, DaemonError> {
+    match StateDir::open(&config.state_dir) {
+        Ok(dir) => {
+            if let Err(err) = dir.note_holder(holder) {
+                tracing::warn!(error = %err, "cannot note the listen address in the state directory's lock file");
+            }
+            tracing::info!(dir = %config.state_dir.display(), writable = config.writable, "state directory open");
+            Ok(Some(Arc::new(dir)))
+        }
+        Err(err) if config.writable => Err(DaemonError::StateDir(err)),
+        Err(err) => {
+            tracing::warn!(error = %err, "serving without a state directory");
+            Ok(None)
+        }
     }
 }
 

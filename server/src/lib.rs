@@ -11,6 +11,7 @@
 //! * [`catalog`] answers SQL over the `sources` and `tensors` tables (DataFusion).
 //! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate;
 //!   [`listener`] admits connections and [`pins`] closes those whose unread replies stall.
+//! * [`state_dir`] holds what users write (uploads, annotations), locked for one server.
 //! * [`metrics`] is the handle that records Prometheus metrics; [`scrape`] serves them.
 //!
 //! The `tessera` binary (crate `tessera-cli`) runs the daemon and the tools around it.
@@ -31,5 +32,6 @@ pub mod scaled;
 pub mod scrape;
 pub mod source;
 pub mod state;
+pub mod state_dir;
 pub mod tls;
 pub mod watch;

@@ -24,6 +24,7 @@ use crate::source::registry::{OpenOptions, Registry, Tensor};
 use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
+use crate::state_dir::StateDir;
 
 /// Everything the service shares between calls.
 pub struct ServiceState {
@@ -39,6 +40,10 @@ pub struct ServiceState {
     runtime: RuntimeRoots,
     /// The catalog tree of the registry generation it was built for.
     tree: Mutex<Option<(u64, Arc<TreeIndex>)>>,
+    /// Clients may write (`--writable`).
+    writable: bool,
+    /// Where users' data lives, when this server holds it.
+    state_dir: Option<Arc<StateDir>>,
 }
 
 impl ServiceState {
@@ -56,7 +61,27 @@ impl ServiceState {
             pyramid: PyramidPolicy::default(),
             runtime: RuntimeRoots::default(),
             tree: Mutex::new(None),
+            writable: false,
+            state_dir: None,
         }
+    }
+
+    /// Lets clients write, keeping what they write in `state_dir` (default: read-only, no
+    /// state directory). Writes are accepted only with both.
+    pub fn with_writes(mut self, writable: bool, state_dir: Option<Arc<StateDir>>) -> Self {
+        self.writable = writable;
+        self.state_dir = state_dir;
+        self
+    }
+
+    /// Whether clients may write: `--writable` and a state directory this server holds.
+    pub fn writable(&self) -> bool {
+        self.writable && self.state_dir.is_some()
+    }
+
+    /// The state directory, when this server holds one.
+    pub fn state_dir(&self) -> Option<&Arc<StateDir>> {
+        self.state_dir.as_ref()
     }
 
     /// Sets the policy of the pyramid descriptors advertise (default: the reference's).

@@ -39,6 +39,9 @@ def start_server(tmp_path):
 
     def start(*paths, extra=(), env=None, cache_dir=None):
         cache = cache_dir or (tmp_path / f"cache{len(servers)}")
+        # Each server its own state directory unless the test names one (`--state-dir`
+        # in `extra` wins over the variable): nothing lands in ~/.local/share/tessera.
+        env = {"TESSERA_STATE_DIR": str(tmp_path / f"state{len(servers)}"), **(env or {})}
         server = Server([*paths, "--cache-dir", cache, *extra], env=env)
         servers.append(server)
         return server

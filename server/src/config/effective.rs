@@ -80,6 +80,8 @@ pub fn render(config: &ServeConfig) -> String {
         "add_source_max_files".into(),
         Value::Integer(i64::try_from(config.runtime.max_files).unwrap_or(i64::MAX)),
     );
+    top.insert("writable".into(), Value::Boolean(config.writable));
+    top.insert("state_dir".into(), path_value(&config.state_dir));
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;

@@ -276,7 +276,7 @@ fn health(state: &ServiceState) -> Health {
         protocol: FLIGHT_PROTOCOL_VERSION,
         source_count: state.source_count() as u64,
         uptime_seconds: state.uptime().as_secs_f64(),
-        writable: false,
+        writable: state.writable(),
         metadata_db_enabled: false,
         full_scan_in_progress: state.scan_status().in_progress(),
         last_full_scan_finished_at: state.scan_status().last_finished_at(),

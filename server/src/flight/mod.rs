@@ -20,6 +20,7 @@ pub mod actions;
 pub mod auth;
 pub mod chunk_get;
 pub mod plan;
+pub mod put;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -272,12 +273,10 @@ impl FlightService for TesseraFlight {
 
     async fn do_put(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(ServiceError::Unsupported(
-            "DoPut is not supported: Tessera serves read-only sources".to_string(),
-        )
-        .into())
+        let stream = put::run(&self.state, request.into_inner()).await?;
+        Ok(Response::new(stream))
     }
 
     async fn do_exchange(

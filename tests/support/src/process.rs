@@ -83,11 +83,14 @@ pub struct ServerProcess {
     /// The bound address, parsed from the `listening on grpc://ADDR` log line.
     pub addr: SocketAddr,
     log: Arc<Mutex<Vec<String>>>,
+    /// The state directory of this process alone (`TESSERA_STATE_DIR`), unless the scenario
+    /// names one: no test writes into the user's `~/.local/share/tessera`.
+    _state: tempfile::TempDir,
 }
 
 impl ServerProcess {
-    /// Starts `tessera serve ARGS --listen 127.0.0.1:0` with `RUST_LOG=info`, `NO_COLOR=1` and
-    /// `TESSERA_WATCH=false`, and waits (up to 60 s) for it to listen. Panics with the log
+    /// Starts `tessera serve ARGS --listen 127.0.0.1:0` with `RUST_LOG=info`, `NO_COLOR=1`,
+    /// `TESSERA_WATCH=false` and a fresh `TESSERA_STATE_DIR`, and waits (up to 60 s) for it to listen. Panics with the log
     /// if it does not.
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> ServerProcess {
         Self::spawn_env(args, &[])
@@ -116,8 +119,13 @@ impl ServerProcess {
     /// Like [`ServerProcess::spawn`], with extra environment variables; an empty value
     /// removes the variable (e.g. `("TESSERA_WATCH", "")` for the default of `serve`).
     pub fn spawn_env<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> ServerProcess {
+        let state = tempfile::Builder::new()
+            .prefix("tessera-state")
+            .tempdir()
+            .expect("a temporary state directory");
         let mut command = Command::new(tessera_bin());
         command
+            .env("TESSERA_STATE_DIR", state.path())
             .arg("serve")
             .args(args)
             .args(["--listen", "127.0.0.1:0"])
@@ -167,7 +175,12 @@ impl ServerProcess {
                 );
             }
         };
-        ServerProcess { child, addr, log }
+        ServerProcess {
+            child,
+            addr,
+            log,
+            _state: state,
+        }
     }
 
     /// The process id.
