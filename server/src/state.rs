@@ -16,6 +16,7 @@ use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
+use crate::rois::Annotations;
 use crate::route::{Route, RoutePlanner};
 use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
@@ -44,6 +45,8 @@ pub struct ServiceState {
     writable: bool,
     /// Where users' data lives, when this server holds it.
     state_dir: Option<Arc<StateDir>>,
+    /// The ROI annotation store, or why there is none.
+    annotations: Result<Arc<Annotations>, String>,
 }
 
 impl ServiceState {
@@ -63,7 +66,23 @@ impl ServiceState {
             tree: Mutex::new(None),
             writable: false,
             state_dir: None,
+            annotations: Err(
+                "this server has no state directory to keep annotations in".to_string()
+            ),
         }
+    }
+
+    /// Keeps ROI annotations in `annotations`, or refuses them with the reason given.
+    pub fn with_annotations(mut self, annotations: Result<Arc<Annotations>, String>) -> Self {
+        self.annotations = annotations;
+        self
+    }
+
+    /// The ROI annotation store; UNAVAILABLE, naming why, when there is none.
+    pub fn annotations(&self) -> ServiceResult<Arc<Annotations>> {
+        self.annotations.clone().map_err(|why| {
+            ServiceError::Unavailable(format!("ROI annotations are unavailable: {why}"))
+        })
     }
 
     /// Lets clients write, keeping what they write in `state_dir` (default: read-only, no

@@ -3,6 +3,11 @@
 //!
 //! Clients send `authorization: Bearer <token>` on every RPC (biopb-protocol.md §5).
 //! The comparison runs in constant time so response timing reveals nothing of the token.
+//!
+//! One exemption, opted into with [`Authenticated::with_sealed_roi_reads`] in front of the
+//! chunk route only: a DoGet without a valid token goes on to the chunk route carrying its
+//! refusal ([`TokenRefused`]); the route answers that refusal for every ticket but a
+//! `roi_read` carrying a sealed grant, whose seal is then checked before anything is read.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,6 +43,14 @@ pub fn validate_token(token: &str) -> Result<(), BadToken> {
     Ok(())
 }
 
+/// The HTTP path of Flight's DoGet.
+pub const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
+
+/// A DoGet whose token was refused, let through to the chunk route: only a sealed ROI
+/// ticket may stand in for the token; every other ticket is answered with this refusal.
+#[derive(Clone, Debug)]
+pub struct TokenRefused(pub ServiceError);
+
 /// Requires `authorization: Bearer <token>` when a token is set.
 #[derive(Clone)]
 pub struct TokenCheck {
@@ -54,19 +67,21 @@ impl TokenCheck {
 
     /// Accepts or refuses one call by its request headers.
     pub fn check(&self, headers: &http::HeaderMap) -> Result<(), Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(());
-        };
+        self.refusal(headers).map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Why one call is refused by its request headers (`None`: accepted).
+    fn refusal(&self, headers: &http::HeaderMap) -> Option<ServiceError> {
+        let expected = self.expected.as_ref()?;
         let Some(given) = headers.get(tessera_proto::AUTHORIZATION_HEADER) else {
-            return Err(ServiceError::Unauthenticated(
+            return Some(ServiceError::Unauthenticated(
                 "missing token: send 'authorization: Bearer <token>'".to_string(),
-            )
-            .into());
+            ));
         };
         if bool::from(given.as_bytes().ct_eq(expected)) {
-            Ok(())
+            None
         } else {
-            Err(ServiceError::Unauthenticated("invalid token".to_string()).into())
+            Some(ServiceError::Unauthenticated("invalid token".to_string()))
         }
     }
 }
@@ -77,12 +92,26 @@ impl TokenCheck {
 pub struct Authenticated<S> {
     inner: S,
     check: TokenCheck,
+    sealed_roi_reads: bool,
 }
 
 impl<S> Authenticated<S> {
     /// Checks every call to `inner` with `check`.
     pub fn new(inner: S, check: TokenCheck) -> Self {
-        Self { inner, check }
+        Self {
+            inner,
+            check,
+            sealed_roi_reads: false,
+        }
+    }
+
+    /// Lets a DoGet with no valid token through to `inner` with [`TokenRefused`] in its
+    /// extensions. Only for an `inner` that is the chunk route
+    /// ([`super::chunk_get::ChunkGet`]), which answers that refusal unless the ticket is a
+    /// sealed ROI read.
+    pub fn with_sealed_roi_reads(mut self) -> Self {
+        self.sealed_roi_reads = true;
+        self
     }
 }
 
@@ -104,10 +133,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        match self.check.check(request.headers()) {
-            Ok(()) => Box::pin(self.inner.call(request)),
-            Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        match self.check.refusal(request.headers()) {
+            None => Box::pin(self.inner.call(request)),
+            Some(refusal) if self.sealed_roi_reads && request.uri().path() == DO_GET_PATH => {
+                request.extensions_mut().insert(TokenRefused(refusal));
+                Box::pin(self.inner.call(request))
+            }
+            Some(refusal) => Box::pin(std::future::ready(Ok(Status::from(refusal).into_http()))),
         }
     }
 }

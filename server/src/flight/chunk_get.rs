@@ -47,15 +47,14 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 
-use super::CatalogSql;
+use super::auth::{DO_GET_PATH, TokenRefused};
+use super::{CatalogSql, RoiReadTicket};
 use crate::chunks::EncodedChunk;
 use crate::error::ServiceError;
 use crate::listener::Peer;
 use crate::pins::Hold;
 use crate::state::ServiceState;
 
-/// The HTTP path of Flight's DoGet.
-const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
 /// FlightData's `data_header` field number.
 const DATA_HEADER_FIELD: u32 = 2;
 /// FlightData's `data_body` field number.
@@ -136,6 +135,7 @@ enum Routed {
 
 async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>) -> Routed {
     let (mut parts, body) = request.into_parts();
+    let token_refused = parts.extensions.remove::<TokenRefused>();
     let peer = Peer::of(&parts.extensions);
     let connection = peer.map(|peer| Arc::clone(&peer.connection));
     let loopback = peer.is_some_and(Peer::is_loopback);
@@ -150,8 +150,21 @@ async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>)
         Ok(ticket) => ticket,
         Err(status) => return Routed::Answer(status.into_http()),
     };
-    let chunk_id = match decode_ticket(&ticket.ticket) {
+    let payload = decode_ticket(&ticket.ticket);
+    if let Some(TokenRefused(refusal)) = token_refused {
+        // A call without a valid token reads nothing but a sealed ROI ticket's annotations
+        // (the seal is checked before the read).
+        if !matches!(&payload, Ok(TicketPayload::RoiRead(read)) if read.grant.is_some()) {
+            return Routed::Answer(Status::from(refusal).into_http());
+        }
+    }
+    let chunk_id = match payload {
         Ok(TicketPayload::ChunkId(id)) => id,
+        Ok(TicketPayload::RoiRead(read)) => {
+            parts.extensions.insert(RoiReadTicket(read));
+            let body = Body::new(Frames::new(vec![bytes], None));
+            return Routed::Forward(http::Request::from_parts(parts, body));
+        }
         Ok(TicketPayload::CatalogQuery(sql)) => {
             parts.extensions.insert(CatalogSql(sql));
             let body = Body::new(Frames::new(vec![bytes], None));
