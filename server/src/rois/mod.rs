@@ -29,7 +29,7 @@ use crate::error::ServiceError;
 use geometry::Shape;
 use rows::IncomingRoi;
 use seal::{GrantError, KeyError, Sealer};
-use store::{Listing, NewRoi, PruneOutcome, Store, StoreError, StoredRoi};
+use store::{Batch, Listing, NewRoi, PruneOutcome, Store, StoreError, StoredRoi};
 
 /// Set names starting with this are the server's (imported from a source file): clients
 /// may read them by name but never write them. Tessera imports none yet.
@@ -224,21 +224,25 @@ impl Annotations {
             prepared.push(row);
         }
         let mut minted = Ok(());
-        let outcome = self.store.put(
+        let batch = Batch {
             array_id,
             source_url,
-            prepared,
+            rows: prepared,
             check_rev,
-            self.limits.max_rois_per_tensor,
-            now_ms(),
-            || match mint_id() {
-                Ok(id) => id,
-                Err(e) => {
-                    minted = Err(e);
-                    String::new()
-                }
-            },
-        );
+        };
+        let outcome =
+            self.store.put(
+                batch,
+                self.limits.max_rois_per_tensor,
+                now_ms(),
+                || match mint_id() {
+                    Ok(id) => id,
+                    Err(e) => {
+                        minted = Err(e);
+                        String::new()
+                    }
+                },
+            );
         minted?;
         let outcome = outcome?;
         Ok(RoiPutResult {

@@ -96,6 +96,19 @@ pub struct NewRoi {
     pub record: StoredRoi,
 }
 
+/// One put: rows of one served tensor.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    /// The tensor.
+    pub array_id: &'a str,
+    /// Where it is served from (noted as its last sighting).
+    pub source_url: &'a str,
+    /// The rows.
+    pub rows: Vec<NewRoi>,
+    /// Write a stored row only when the row's `rev` is the stored one.
+    pub check_rev: bool,
+}
+
 /// A set of a tensor and its row count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetCount {
@@ -292,20 +305,23 @@ impl Store {
         Ok(())
     }
 
-    /// Creates or updates `rows` of served tensor `array_id` in one transaction, durable
-    /// when this returns. Under `check_rev` a row whose `rev` is not the stored one is a
-    /// conflict and is not written; the rest land. Refused whole when the tensor would
-    /// hold more than `cap` client-owned rows.
+    /// Creates or updates the rows of `batch` in one transaction, durable when this
+    /// returns. Under `check_rev` a row whose `rev` is not the stored one is a conflict and
+    /// is not written; the rest land. Refused whole when the tensor would hold more than
+    /// `cap` client-owned rows. `mint` names rows sent without an id.
     pub fn put(
         &self,
-        array_id: &str,
-        source_url: &str,
-        rows: Vec<NewRoi>,
-        check_rev: bool,
+        batch: Batch<'_>,
         cap: u64,
         now_ms: i64,
         mut mint: impl FnMut() -> String,
     ) -> Result<PutOutcome, StoreError> {
+        let Batch {
+            array_id,
+            source_url,
+            rows,
+            check_rev,
+        } = batch;
         let tx = self.write()?;
         let mut outcome = PutOutcome::default();
         {
@@ -585,25 +601,40 @@ mod tests {
         Ok((dir, store))
     }
 
-    fn minter() -> impl FnMut() -> String {
-        let mut n = 0;
-        move || {
+    /// A put with ids minted `minted-1`, `minted-2`, … per store.
+    fn put(
+        store: &Store,
+        array_id: &str,
+        source_url: &str,
+        rows: Vec<NewRoi>,
+        check_rev: bool,
+        cap: u64,
+        now_ms: i64,
+    ) -> Result<PutOutcome, StoreError> {
+        let mut n = store.all(usize::MAX)?.len();
+        let batch = Batch {
+            array_id,
+            source_url,
+            rows,
+            check_rev,
+        };
+        store.put(batch, cap, now_ms, || {
             n += 1;
             format!("minted-{n}")
-        }
+        })
     }
 
     #[test]
     fn put_creates_updates_and_reports_conflicts() -> Result<(), Box<dyn std::error::Error>> {
         let (_dir, store) = store()?;
-        let first = store.put(
+        let first = put(
+            &store,
             "img",
             "u",
             vec![roi(None, "a", 0), roi(Some("mine"), "b", 0)],
             false,
             10,
             100,
-            minter(),
         )?;
         assert_eq!(first.stored.len(), 2);
         assert_eq!(first.stored[0].0, "minted-1");
@@ -614,14 +645,14 @@ mod tests {
                 .all(|(_, r)| r.rev == 1 && r.created_ms == 100)
         );
         // Update under check_rev: the right rev lands, a stale one is a conflict.
-        let second = store.put(
+        let second = put(
+            &store,
             "img",
             "u",
             vec![roi(Some("mine"), "a", 1), roi(Some("minted-1"), "a", 7)],
             true,
             10,
             200,
-            minter(),
         )?;
         assert_eq!(second.conflicts, vec![("minted-1".to_string(), 1)]);
         assert_eq!(second.stored.len(), 1);
@@ -647,23 +678,23 @@ mod tests {
     #[test]
     fn the_cap_refuses_the_whole_batch() -> Result<(), Box<dyn std::error::Error>> {
         let (_dir, store) = store()?;
-        store.put(
+        put(
+            &store,
             "img",
             "u",
             vec![roi(Some("x"), "a", 0), roi(Some("y"), "a", 0)],
             false,
             3,
             1,
-            minter(),
         )?;
-        let refused = store.put(
+        let refused = put(
+            &store,
             "img",
             "u",
             vec![roi(Some("x"), "a", 0), roi(None, "a", 0), roi(None, "a", 0)],
             false,
             3,
             2,
-            minter(),
         );
         let text = refused.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(
@@ -672,14 +703,14 @@ mod tests {
         );
         assert_eq!(store.list("img", "", 10)?.rois.len(), 2);
         // An update of stored rows plus one new one fits.
-        store.put(
+        put(
+            &store,
             "img",
             "u",
             vec![roi(Some("x"), "a", 0), roi(None, "a", 0)],
             false,
             3,
             2,
-            minter(),
         )?;
         Ok(())
     }
@@ -687,7 +718,8 @@ mod tests {
     #[test]
     fn delete_by_ids_by_set_and_all() -> Result<(), Box<dyn std::error::Error>> {
         let (_dir, store) = store()?;
-        store.put(
+        put(
+            &store,
             "img",
             "u",
             vec![
@@ -699,16 +731,15 @@ mod tests {
             false,
             10,
             1,
-            minter(),
         )?;
-        store.put(
+        put(
+            &store,
             "other",
             "u",
             vec![roi(Some("1"), "a", 0)],
             false,
             10,
             1,
-            minter(),
         )?;
         assert_eq!(
             store.delete("img", &["1".to_string(), "nope".to_string()], "")?,
@@ -727,23 +758,23 @@ mod tests {
     #[test]
     fn prune_reports_and_deletes_only_unserved_tensors() -> Result<(), Box<dyn std::error::Error>> {
         let (dir, store) = store()?;
-        store.put(
+        put(
+            &store,
             "gone",
             "file:///gone.npy",
             vec![roi(None, "a", 0)],
             false,
             10,
             1_000,
-            minter(),
         )?;
-        store.put(
+        put(
+            &store,
             "here",
             "file:///here.npy",
             vec![roi(None, "a", 0)],
             false,
             10,
             1_000,
-            minter(),
         )?;
         let served = |id: &str| (id == "here").then(|| "file:///here.npy".to_string());
         let report = store.prune(5_000, 10_000, false, &served)?;
