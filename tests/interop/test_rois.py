@@ -18,7 +18,8 @@ from biopb.image.annotation_pb2 import RoiAnnotation
 from biopb.image.roi_pb2 import ROI
 from biopb.tensor import TensorFlightClient
 from biopb.tensor._roi_rows import rois_to_table
-from biopb.tensor.ticket_pb2 import PutCommand, RoiPut, RoiRead, TensorTicket
+from biopb.tensor.descriptor_pb2 import CatalogQuery
+from biopb.tensor.ticket_pb2 import PutCommand, RoiPut, TensorTicket
 
 TOKEN = "interop-token_0123456789"
 
@@ -329,6 +330,17 @@ def test_sealed_roi_tickets(start_server, data_dir, tmp_path):
         anon.list_rois("img")
     with pytest.raises(flight.FlightUnauthenticatedError):
         anon.put_rois("img", [ann()])
+    # The exemption is DoGet of a sealed roi_read only: a chunk ticket (also one merged
+    # after a sealed ROI ticket, which makes it a chunk ticket) or a catalog query
+    # without the token is refused.
+    bearer = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    raw = flight.FlightClient(server.location)
+    chunk = raw.get_flight_info(flight.FlightDescriptor.for_path("img"), bearer).endpoints[0].ticket
+    assert raw.do_get(chunk, bearer).read_all().num_rows == 1
+    catalog = TensorTicket(catalog_query=CatalogQuery(sql="SELECT 1")).SerializeToString()
+    for refused in (chunk.ticket, ticket + chunk.ticket, catalog):
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            raw.do_get(flight.Ticket(refused)).read_all()
 
     def with_grant(**changes):
         t = TensorTicket.FromString(ticket)
