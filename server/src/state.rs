@@ -27,6 +27,9 @@ use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
 use crate::state_dir::StateDir;
 
+/// Most annotations a catalog query over the `rois` table loads.
+const MAX_SQL_ROIS: usize = 1_000_000;
+
 /// Everything the service shares between calls.
 pub struct ServiceState {
     sources: Sources,
@@ -224,7 +227,23 @@ impl ServiceState {
 
     /// Runs a catalog SQL query over the current registry.
     pub async fn catalog_query(&self, sql: &str) -> ServiceResult<catalog::QueryAnswer> {
-        let snapshot = self.catalog_snapshot();
+        let mut snapshot = self.catalog_snapshot();
+        // The annotations are read only for a query that can name their table.
+        if sql.to_ascii_lowercase().contains(catalog::tables::ROIS)
+            && let Ok(rois) = self.annotations()
+        {
+            let limit = MAX_SQL_ROIS;
+            let rows = tokio::task::spawn_blocking(move || rois.all(limit + 1))
+                .await
+                .map_err(|e| ServiceError::Internal(format!("reading annotations: {e}")))??;
+            if rows.len() > limit {
+                return Err(ServiceError::Catalog(format!(
+                    "the rois table holds more than {limit} annotations, more than a catalog \
+                     query loads; read them per tensor with list_rois"
+                )));
+            }
+            snapshot = snapshot.with_rois(rows);
+        }
         Ok(self.catalog.query(&snapshot, sql).await?)
     }
 

@@ -426,3 +426,25 @@ def test_a_server_without_its_state_directory_refuses_annotations(start_server, 
         c.list_rois("img")
     # Its plans carry no ROI ticket (it could not honour one).
     assert TensorFlightClient.roi_ticket_from_pb(c.get_tensor("img", output="pb")) is None
+
+
+def test_sql_rois_table_for_full_access_callers(start_server, data_dir):
+    server = start_server(data_dir, extra=("--token", TOKEN))
+    c = client_of(server, TOKEN)
+    c.put_rois("img", [ann(label="cell"), ann(label="cell"), ann(EVERY_ARM["text"], label="note", plane={1: 4})])
+    c.put_rois("other", [ann(label="cell", drawn_against_version=b"\xab")])
+    rows = c.query("SELECT label, count(*) AS n FROM rois GROUP BY label ORDER BY label", format="records")
+    assert rows == [{"label": "cell", "n": 3}, {"label": "note", "n": 1}]
+    note = c.query("SELECT * FROM rois WHERE shape = 'text'", format="records")
+    assert len(note) == 1 and note[0]["array_id"] == "img" and note[0]["plane"] == '{"1":4}'
+    assert json.loads(note[0]["geometry"])["text"]["text"] == "nucleus\nleft"
+    assert note[0]["rev"] == 1 and note[0]["drawn_against_version"] is None
+    joined = c.query(
+        "SELECT r.drawn_against_version AS v, t.array_id FROM rois r "
+        "JOIN tensors t ON t.array_id = r.array_id WHERE r.array_id = 'other'",
+        format="records",
+    )
+    assert joined == [{"v": "ab", "array_id": "other"}]
+    # Without the token there is no catalog at all, and a sealed ROI ticket opens none.
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        client_of(server).query("SELECT count(*) FROM rois")
