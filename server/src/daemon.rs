@@ -228,6 +228,7 @@ impl Daemon {
         if let Some(watcher) = self.watcher {
             side_tasks.push(tokio::spawn(watcher.run(self.state.clone())));
         }
+        side_tasks.push(tokio::spawn(note_served_annotations(self.state.clone())));
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
@@ -328,6 +329,32 @@ fn open_state_dir(
         Err(err) => {
             tracing::warn!(error = %err, "serving without a state directory");
             Ok(None)
+        }
+    }
+}
+
+/// How often the tensors that carry annotations are noted as served (the clock `roi_prune`
+/// reads); also once at start.
+const SIGHTING_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Notes, at start and then every [`SIGHTING_INTERVAL`], which annotated tensors are served,
+/// so a tensor that stops being served is dated to within the interval.
+async fn note_served_annotations(state: Arc<ServiceState>) {
+    let mut every = tokio::time::interval(SIGHTING_INTERVAL);
+    loop {
+        every.tick().await;
+        let Ok(rois) = state.annotations() else {
+            return;
+        };
+        let served_by = state.clone();
+        let noted = tokio::task::spawn_blocking(move || {
+            rois.stamp_served(&|array_id| served_by.resolve(array_id).ok().map(|t| t.source_url()))
+        })
+        .await;
+        match noted {
+            Ok(Ok(count)) => tracing::debug!(count, "annotated tensors noted as served"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot note annotated tensors as served"),
+            Err(e) => tracing::warn!(error = %e, "noting annotated tensors as served failed"),
         }
     }
 }

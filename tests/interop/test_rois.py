@@ -420,6 +420,8 @@ def test_a_server_without_its_state_directory_refuses_annotations(start_server, 
     client_of(first).put_rois("img", [ann()])
     second = start_server(data_dir, extra=("--state-dir", state))
     c = client_of(second)
+    assert client_of(first).health_check()["annotations_persisted"] is True
+    assert c.health_check()["annotations_persisted"] is False
     with pytest.raises(flight.FlightUnavailableError, match="--state-dir"):
         c.put_rois("img", [ann()])
     with pytest.raises(flight.FlightUnavailableError, match="held by another server"):

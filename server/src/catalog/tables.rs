@@ -388,6 +388,7 @@ mod tests {
     fn refused_files_are_unresolved_rows_with_their_reason() {
         let snapshot = Snapshot {
             tensors: Vec::new(),
+            rois: Arc::default(),
             refused: vec![Refused {
                 source_id: "bad".to_string(),
                 path: "/data/bad.npy".into(),

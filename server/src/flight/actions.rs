@@ -284,6 +284,7 @@ fn health(state: &ServiceState) -> Health {
         uptime_seconds: state.uptime().as_secs_f64(),
         writable: state.writable(),
         metadata_db_enabled: false,
+        annotations_persisted: state.annotations().is_ok(),
         full_scan_in_progress: state.scan_status().in_progress(),
         last_full_scan_finished_at: state.scan_status().last_finished_at(),
         server: SERVER_NAME.to_string(),

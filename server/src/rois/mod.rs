@@ -300,6 +300,12 @@ impl Annotations {
         Ok(self.store.prune(cutoff, now, apply, served)?)
     }
 
+    /// Notes every annotated tensor served now (`served` answers its source url) as seen,
+    /// so a later prune dates its absence from here; answers how many.
+    pub fn stamp_served(&self, served: &dyn Fn(&str) -> Option<String>) -> Result<usize, RoiError> {
+        Ok(self.store.stamp_served(now_ms(), served)?)
+    }
+
     /// A grant to read `array_id` at content version `version`.
     pub fn grant(&self, array_id: &str, version: &[u8]) -> RoiGrant {
         self.sealer.grant(array_id, version, now_secs())

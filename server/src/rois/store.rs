@@ -477,6 +477,37 @@ impl Store {
         Ok(deleted)
     }
 
+    /// Stamps every annotated tensor `served` answers a source url for as seen at
+    /// `now_ms`; answers how many.
+    pub fn stamp_served(
+        &self,
+        now_ms: i64,
+        served: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<usize, StoreError> {
+        let tx = self.write()?;
+        let mut stamped = 0;
+        {
+            let sets = tx.open_table(SETS).map_err(|e| self.db_err(e))?;
+            let mut tensors: Vec<String> = Vec::new();
+            for entry in sets.iter().map_err(|e| self.db_err(e))? {
+                let (key, _) = entry.map_err(|e| self.db_err(e))?;
+                let tensor = key.value().0;
+                if tensors.last().is_none_or(|last| last != tensor) {
+                    tensors.push(tensor.to_string());
+                }
+            }
+            drop(sets);
+            for array_id in tensors {
+                if let Some(url) = served(&array_id) {
+                    self.stamp_seen(&tx, &array_id, &url, now_ms)?;
+                    stamped += 1;
+                }
+            }
+        }
+        tx.commit().map_err(|e| self.db_err(e))?;
+        Ok(stamped)
+    }
+
     /// Finds the tensors whose annotations have not been served since `cutoff_ms`
     /// (`served` answers the source url of a tensor served now, which is stamped as seen
     /// at `now_ms`); with `apply`, deletes their client-owned annotations.
@@ -777,6 +808,15 @@ mod tests {
             1_000,
         )?;
         let served = |id: &str| (id == "here").then(|| "file:///here.npy".to_string());
+        // A sighting moves the clock of what is served, and only of that.
+        assert_eq!(store.stamp_served(4_000, &served)?, 1);
+        assert!(
+            store
+                .prune(3_000, 4_000, false, &|_| None)?
+                .unseen
+                .iter()
+                .all(|u| u.array_id == "gone")
+        );
         let report = store.prune(5_000, 10_000, false, &served)?;
         assert_eq!(report.deleted, 0);
         assert_eq!(
