@@ -377,7 +377,10 @@ fn open_annotations(
         .map_err(|e| e.to_string())
         .and_then(|part| Annotations::open(&part, RoiLimits::default()).map_err(|e| e.to_string()));
     match opened {
-        Ok(rois) => Ok(Arc::new(rois)),
+        Ok(rois) => {
+            tracing::info!(dir = %dir.path().join("annotations").display(), "ROI annotations open");
+            Ok(Arc::new(rois))
+        }
         Err(why) => {
             tracing::warn!(error = %why, "serving without ROI annotations");
             Err(why)

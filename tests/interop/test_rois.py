@@ -338,7 +338,8 @@ def test_sealed_roi_tickets(start_server, data_dir, tmp_path):
     chunk = raw.get_flight_info(flight.FlightDescriptor.for_path("img"), bearer).endpoints[0].ticket
     assert raw.do_get(chunk, bearer).read_all().num_rows == 1
     catalog = TensorTicket(catalog_query=CatalogQuery(sql="SELECT 1")).SerializeToString()
-    for refused in (chunk.ticket, ticket + chunk.ticket, catalog):
+    # Garbage and oversized requests get the token's refusal too.
+    for refused in (chunk.ticket, ticket + chunk.ticket, catalog, b"\xff" * 10, b"x" * 200_000):
         with pytest.raises(flight.FlightUnauthenticatedError):
             raw.do_get(flight.Ticket(refused)).read_all()
 

@@ -55,6 +55,9 @@ use crate::listener::Peer;
 use crate::pins::Hold;
 use crate::state::ServiceState;
 
+/// Largest DoGet request read from a call without a valid token (a sealed ROI ticket is a
+/// few hundred bytes).
+const UNAUTHENTICATED_REQUEST_BYTES: usize = 64 << 10;
 /// FlightData's `data_header` field number.
 const DATA_HEADER_FIELD: u32 = 2;
 /// FlightData's `data_body` field number.
@@ -139,16 +142,29 @@ async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>)
     let peer = Peer::of(&parts.extensions);
     let connection = peer.map(|peer| Arc::clone(&peer.connection));
     let loopback = peer.is_some_and(Peer::is_loopback);
+    // A call without a valid token may carry a ROI ticket only, which is small: it may not make
+    // the server read more than that.
+    let limit = if token_refused.is_some() {
+        limit.min(UNAUTHENTICATED_REQUEST_BYTES)
+    } else {
+        limit
+    };
+    // Without a valid token, whatever is wrong with the request, the answer is the token's
+    // refusal.
+    let refuse = |status: Status| match &token_refused {
+        Some(TokenRefused(refusal)) => Status::from(refusal.clone()).into_http(),
+        None => status.into_http(),
+    };
     let bytes = match read_request(body, limit).await {
         Ok(bytes) => bytes,
-        Err(status) => return Routed::Answer(status.into_http()),
+        Err(status) => return Routed::Answer(refuse(status)),
     };
     let ticket = match single_message(&bytes).and_then(|m| {
         Ticket::decode(m)
             .map_err(|e| Status::invalid_argument(format!("malformed Ticket message: {e}")))
     }) {
         Ok(ticket) => ticket,
-        Err(status) => return Routed::Answer(status.into_http()),
+        Err(status) => return Routed::Answer(refuse(status)),
     };
     let payload = decode_ticket(&ticket.ticket);
     if let Some(TokenRefused(refusal)) = token_refused {

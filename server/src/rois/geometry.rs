@@ -87,6 +87,8 @@ impl Shape {
 
     /// Parses and checks the proto3 JSON text of a `biopb.image.ROI`.
     pub fn parse(json: &str) -> Result<Shape, GeometryError> {
+        // An empty column is how a row without geometry arrives.
+        let json = if json.trim().is_empty() { "{}" } else { json };
         let value: Value = match serde_json::from_str(json) {
             Ok(value) => value,
             Err(e) => return refuse(format!("not JSON: {e}")),
@@ -427,6 +429,7 @@ mod tests {
         assert!(refused(r#"{"mask": {}}"#).contains("'mask' is not stored"));
         assert!(refused(r#"{"mesh": {"verts": []}}"#).contains("'mesh' is not stored"));
         assert!(refused("{}").contains("no geometry"));
+        assert!(refused("").contains("no geometry"));
         assert!(refused(r#"{"point": {}, "text": {}}"#).contains("holds one shape"));
         assert!(refused(r#"{"point": {"x": "NaN"}}"#).contains("point.x is NaN"));
         assert!(refused(r#"{"point": {"y": "-Infinity"}}"#).contains("finite"));
