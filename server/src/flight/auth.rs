@@ -166,6 +166,80 @@ mod tests {
         headers
     }
 
+    /// Answers 200, saying in a header whether the call came with a [`TokenRefused`].
+    #[derive(Clone)]
+    struct Marks;
+
+    impl tonic::codegen::Service<http::Request<()>> for Marks {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<()>) -> Self::Future {
+            let mut response = http::Response::new(Body::empty());
+            let refused = request.extensions().get::<TokenRefused>().is_some();
+            response.headers_mut().insert(
+                "x-token-refused",
+                http::HeaderValue::from_static(if refused { "yes" } else { "no" }),
+            );
+            std::future::ready(Ok(response))
+        }
+    }
+
+    /// `(grpc-status of a refusal, x-token-refused of a forwarded call)`.
+    async fn answer(
+        service: &mut Authenticated<Marks>,
+        path: &str,
+        authorization: Option<&'static str>,
+    ) -> (Option<String>, Option<String>) {
+        use tonic::codegen::Service;
+        let mut request = http::Request::new(());
+        *request.uri_mut() = path.parse().unwrap_or_default();
+        if let Some(value) = authorization {
+            request
+                .headers_mut()
+                .insert("authorization", http::HeaderValue::from_static(value));
+        }
+        let Ok(response) = service.call(request).await;
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        (header("grpc-status"), header("x-token-refused"))
+    }
+
+    #[tokio::test]
+    async fn only_do_get_passes_without_a_token_and_only_when_opted_in() {
+        let check = TokenCheck::new(Some("abcdefghijklmnop".to_string()));
+        let get_info = "/arrow.flight.protocol.FlightService/GetFlightInfo";
+        let unauthenticated = (Some("16".to_string()), None);
+        let mut plain = Authenticated::new(Marks, check.clone());
+        assert_eq!(answer(&mut plain, DO_GET_PATH, None).await, unauthenticated);
+        let mut sealed = Authenticated::new(Marks, check).with_sealed_roi_reads();
+        let marked = |m: &str| (None, Some(m.to_string()));
+        assert_eq!(answer(&mut sealed, DO_GET_PATH, None).await, marked("yes"));
+        assert_eq!(
+            answer(&mut sealed, DO_GET_PATH, Some("Bearer wrong-token-000")).await,
+            marked("yes")
+        );
+        assert_eq!(
+            answer(&mut sealed, DO_GET_PATH, Some("Bearer abcdefghijklmnop")).await,
+            marked("no")
+        );
+        assert_eq!(answer(&mut sealed, get_info, None).await, unauthenticated);
+        assert_eq!(
+            answer(&mut sealed, get_info, Some("Bearer abcdefghijklmnop")).await,
+            marked("no")
+        );
+    }
+
     #[test]
     fn wrong_and_missing_tokens_are_refused() {
         let check = TokenCheck::new(Some("abcdefghijklmnop".to_string()));
