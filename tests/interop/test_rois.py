@@ -234,6 +234,18 @@ def test_the_per_tensor_cap_refuses_a_batch_that_would_pass_it(start_server, dat
     c.put_rois("other", [ann(label="elsewhere")])
     with pytest.raises(flight.FlightError, match="at most 10000 rows"):
         c.put_rois("other", batch + [ann()])
+    # One message is bounded by the server's 16 MiB request limit; a stream of many is
+    # bounded as a whole.
+    table = rois_to_table([ann(props_json="p" * (60 << 10))] * 1200)
+    fc = flight.FlightClient(server.location)
+    cmd = PutCommand(roi_put=RoiPut(array_id="other"))
+    writer, reader = fc.do_put(flight.FlightDescriptor.for_command(cmd.SerializeToString()), table.schema)
+    with pytest.raises(flight.FlightError, match="at most 64 MiB"):
+        with writer:
+            writer.write_table(table, max_chunksize=100)
+            writer.done_writing()
+            reader.read()
+    assert [r.label for r in c.list_rois("other").rois] == ["elsewhere"]
 
 
 def test_restart_keeps_annotations_and_sigkill_after_the_ack_loses_nothing(

@@ -94,7 +94,11 @@ pub async fn read(state: &ServiceState, read: RoiRead) -> ServiceResult<BoxStrea
     Ok(Box::pin(stream))
 }
 
-/// The record batches of a DoPut, its first message included; refused past `max_rows`.
+/// Most bytes (Arrow memory) one annotation DoPut may carry.
+const MAX_PUT_BYTES: usize = 64 << 20;
+
+/// The record batches of a DoPut, its first message included; refused past `max_rows`
+/// rows or [`MAX_PUT_BYTES`].
 async fn batches(
     first: FlightData,
     rest: Streaming<FlightData>,
@@ -104,11 +108,19 @@ async fn batches(
     let mut decoder = FlightRecordBatchStream::new_from_flight_data(data);
     let mut out = Vec::new();
     let mut rows = 0u64;
+    let mut bytes = 0usize;
     while let Some(batch) = decoder.next().await {
         let batch = batch.map_err(|e| {
             ServiceError::InvalidArgument(format!("reading the annotation stream: {e}"))
         })?;
         rows += batch.num_rows() as u64;
+        bytes += batch.get_array_memory_size();
+        if bytes > MAX_PUT_BYTES {
+            return Err(ServiceError::InvalidArgument(format!(
+                "an annotation DoPut carries at most {} MiB; send the rows in several puts",
+                MAX_PUT_BYTES >> 20
+            )));
+        }
         if rows > max_rows {
             return Err(ServiceError::InvalidArgument(format!(
                 "an annotation DoPut carries at most {max_rows} rows (max_rois_per_tensor); \
