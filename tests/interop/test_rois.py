@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from biopb.image.annotation_pb2 import RoiAnnotation
-from biopb.image.roi_pb2 import ROI
 from biopb.tensor import TensorFlightClient
 from biopb.tensor._roi_rows import rois_to_table
 from biopb.tensor.descriptor_pb2 import CatalogQuery

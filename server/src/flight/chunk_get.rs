@@ -12,7 +12,7 @@
 //! ([`super::auth::Authenticated`]). The chunk's body goes out in pieces of 1 MiB, each a slice of the same
 //! bytes that keeps the reply registered in the ledger of unread replies ([`crate::pins`])
 //! while h2 still queues it, so a peer that stops reading is seen and its connection closed.
-//! Every other call, and DoGet of a catalog ticket, goes to the tonic
+//! Every other call, and DoGet of a catalog or ROI ticket, goes to the tonic
 //! service unchanged. The bytes on the wire are exactly those tonic would send (pinned by
 //! the tests below against prost's encoding).
 //!
@@ -26,7 +26,9 @@
 //!    │ ◀─ DATA [prefix|FlightData{data_header, data_body length}] [chunk body, zero-copy]
 //!    │ ◀─ HEADERS grpc-status: 0
 //!  (a catalog ticket is handed to the tonic service with the request bytes read and its
-//!   decoded SQL as a request extension; malformed and unknown tickets are refused here)
+//!   decoded SQL as a request extension, a roi_read likewise with its RoiRead; malformed and
+//!   unknown tickets are refused here, and so is every ticket but a sealed roi_read of a
+//!   call whose token was refused: see `super::auth::TokenRefused`)
 //! ```
 
 use std::collections::VecDeque;
