@@ -5,13 +5,14 @@
 use std::error::Error;
 
 /// The protocol files, relative to the include root `proto/`.
-const PROTO_FILES: [&str; 3] = [
+const PROTO_FILES: [&str; 4] = [
     "biopb/tensor/descriptor.proto",
     "biopb/tensor/ticket.proto",
     "biopb/tensor/serialized.proto",
+    "biopb/image/annotation.proto",
 ];
 
-/// Include root holding the `biopb/tensor/` tree.
+/// Include root holding the `biopb/tensor/` and `biopb/image/` trees.
 const INCLUDE_ROOT: &str = "proto";
 
 fn main() -> Result<(), Box<dyn Error>> {

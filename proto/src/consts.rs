@@ -56,6 +56,9 @@ pub const ACTION_ADD_SOURCE: &str = "add_source";
 /// DoAction type of `client.deregister_local_path`: a `RemoveSourceRequest`; the one reply
 /// is a `RemoveSourceResult`.
 pub const ACTION_REMOVE_SOURCE: &str = "remove_source";
+/// DoAction type of `client.prune_rois`: a `RoiPruneRequest`; the one reply is a
+/// `RoiPruneResult` (annotations of tensors not served for N days, deleted with `apply`).
+pub const ACTION_ROI_PRUNE: &str = "roi_prune";
 
 /// Prefix of the error text for an action the server does not know. The
 /// client matches on "Unknown action" to stop probing `chunk_locate` and to

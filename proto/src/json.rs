@@ -49,6 +49,9 @@ pub struct Health {
     pub writable: bool,
     /// Whether a persistent metadata database is in use.
     pub metadata_db_enabled: bool,
+    /// Whether ROI annotations are kept, durably (the server holds its state directory).
+    #[serde(default)]
+    pub annotations_persisted: bool,
     /// Whether a full catalog scan is running now.
     pub full_scan_in_progress: bool,
     /// Unix time the last full scan finished, `null` if none has.

@@ -39,6 +39,14 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/biopb.tensor.rs"));
 }
 
+/// Protobuf messages of package `biopb.image` that annotations travel in (the geometry
+/// arms Tessera stores, `RoiAnnotation` and the replies of the `roi` flight), generated
+/// from `proto/biopb/image/annotation.proto`.
+#[allow(missing_docs)]
+pub mod image_pb {
+    include!(concat!(env!("OUT_DIR"), "/biopb.image.rs"));
+}
+
 pub use consts::*;
 pub use error::ProtoError;
 pub use json::{ActionBody, CacheBackend, CacheStats, ChunkLocateReply, ChunkLocation, Health};

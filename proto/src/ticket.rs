@@ -4,7 +4,8 @@ use prost::Message;
 
 use crate::error::ProtoError;
 use crate::pb::{
-    CatalogQuery, FlightRequest, TensorReadOption, TensorTicket, flight_request, tensor_ticket,
+    CatalogQuery, FlightRequest, RoiRead, TensorReadOption, TensorTicket, flight_request,
+    tensor_ticket,
 };
 
 /// What a Flight ticket (or `chunk_locate` body) asks for.
@@ -14,8 +15,11 @@ pub enum TicketPayload {
     ChunkId(Vec<u8>),
     /// Run this SQL over the catalog and stream the result.
     CatalogQuery(String),
+    /// Read a tensor's annotations (all its client-owned sets, or one), by bearer token or
+    /// under the sealed grant it carries.
+    RoiRead(RoiRead),
     /// A valid ticket of a kind Tessera does not serve; names the arm
-    /// (`"roi_read"` or `"chunk_ref"`) so the refusal can say which.
+    /// (`"chunk_ref"`) so the refusal can say which.
     Other(&'static str),
 }
 
@@ -52,7 +56,7 @@ pub fn decode_ticket(bytes: &[u8]) -> Result<TicketPayload, ProtoError> {
         Some(tensor_ticket::Payload::CatalogQuery(query)) => {
             Ok(TicketPayload::CatalogQuery(query.sql))
         }
-        Some(tensor_ticket::Payload::RoiRead(_)) => Ok(TicketPayload::Other("roi_read")),
+        Some(tensor_ticket::Payload::RoiRead(read)) => Ok(TicketPayload::RoiRead(read)),
         Some(tensor_ticket::Payload::ChunkRef(_)) => Ok(TicketPayload::Other("chunk_ref")),
     }
 }

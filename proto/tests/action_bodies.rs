@@ -15,6 +15,7 @@ fn health(external_location: Option<String>) -> Health {
         uptime_seconds: 1.5,
         writable: false,
         metadata_db_enabled: false,
+        annotations_persisted: true,
         full_scan_in_progress: false,
         last_full_scan_finished_at: None,
         server: "tessera".to_owned(),

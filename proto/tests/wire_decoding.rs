@@ -84,12 +84,17 @@ fn garbage_ticket_is_refused_naming_the_message() {
 
 #[test]
 fn roi_and_chunk_ref_tickets_name_their_arm() {
+    let read = RoiRead {
+        array_id: "img".to_string(),
+        set_name: "nuclei".to_string(),
+        grant: None,
+    };
     let roi = TensorTicket {
-        payload: Some(tensor_ticket::Payload::RoiRead(RoiRead::default())),
+        payload: Some(tensor_ticket::Payload::RoiRead(read.clone())),
     };
     assert_eq!(
         decode_ticket(&roi.encode_to_vec()).unwrap(),
-        TicketPayload::Other("roi_read")
+        TicketPayload::RoiRead(read)
     );
     let chunk_ref = TensorTicket {
         payload: Some(tensor_ticket::Payload::ChunkRef(ChunkRef::default())),

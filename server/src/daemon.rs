@@ -16,6 +16,7 @@ use crate::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::flight::chunk_get::ChunkGet;
 use crate::listener::{Admission, incoming};
 use crate::metrics::{Metered, Metrics};
+use crate::rois::{Annotations, RoiLimits};
 use crate::scrape::MetricsServer;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
@@ -119,6 +120,7 @@ impl Daemon {
         };
         let store = open_store(config, &holder)?;
         let state_dir = open_state_dir(config, &holder)?;
+        let annotations = open_annotations(config, state_dir.as_deref());
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
@@ -152,7 +154,8 @@ impl Daemon {
                 .with_pyramid(config.pyramid.clone())
                 .with_metrics(metrics)
                 .with_runtime_roots(config.runtime.clone())
-                .with_writes(config.writable, state_dir),
+                .with_writes(config.writable, state_dir)
+                .with_annotations(annotations),
         );
         let tree_state = state.clone();
         // The catalog tree of the first scan, built before the first call needs it.
@@ -211,7 +214,8 @@ impl Daemon {
         // request limit; the token is checked once per call, in front of both routes; every
         // call is counted, refusals included.
         let service = ChunkGet::new(service, self.state.clone(), MAX_DECODE_BYTES);
-        let service = Authenticated::new(service, TokenCheck::new(self.token.clone()));
+        let service = Authenticated::new(service, TokenCheck::new(self.token.clone()))
+            .with_sealed_roi_reads();
         let service = Metered::new(service, self.state.metrics().clone());
         let mut side_tasks = Vec::new();
         if let Some(metrics) = self.metrics_server {
@@ -224,6 +228,7 @@ impl Daemon {
         if let Some(watcher) = self.watcher {
             side_tasks.push(tokio::spawn(watcher.run(self.state.clone())));
         }
+        side_tasks.push(tokio::spawn(note_served_annotations(self.state.clone())));
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
@@ -324,6 +329,61 @@ fn open_state_dir(
         Err(err) => {
             tracing::warn!(error = %err, "serving without a state directory");
             Ok(None)
+        }
+    }
+}
+
+/// How often the tensors that carry annotations are noted as served (the clock `roi_prune`
+/// reads); also once at start.
+const SIGHTING_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Notes, at start and then every [`SIGHTING_INTERVAL`], which annotated tensors are served,
+/// so a tensor that stops being served is dated to within the interval.
+async fn note_served_annotations(state: Arc<ServiceState>) {
+    let mut every = tokio::time::interval(SIGHTING_INTERVAL);
+    loop {
+        every.tick().await;
+        let Ok(rois) = state.annotations() else {
+            return;
+        };
+        let served_by = state.clone();
+        let noted = tokio::task::spawn_blocking(move || {
+            rois.stamp_served(&|array_id| served_by.resolve(array_id).ok().map(|t| t.source_url()))
+        })
+        .await;
+        match noted {
+            Ok(Ok(count)) => tracing::debug!(count, "annotated tensors noted as served"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot note annotated tensors as served"),
+            Err(e) => tracing::warn!(error = %e, "noting annotated tensors as served failed"),
+        }
+    }
+}
+
+/// The ROI annotation store in the state directory's `annotations` part, or why this server
+/// keeps none (annotation calls are then refused UNAVAILABLE with that reason).
+fn open_annotations(
+    config: &ServeConfig,
+    state_dir: Option<&StateDir>,
+) -> Result<Arc<Annotations>, String> {
+    let Some(dir) = state_dir else {
+        return Err(format!(
+            "the state directory {} is held by another server; give this one its own with \
+             --state-dir DIR (or TESSERA_STATE_DIR)",
+            config.state_dir.display()
+        ));
+    };
+    let opened = dir
+        .part("annotations")
+        .map_err(|e| e.to_string())
+        .and_then(|part| Annotations::open(&part, RoiLimits::default()).map_err(|e| e.to_string()));
+    match opened {
+        Ok(rois) => {
+            tracing::info!(dir = %dir.path().join("annotations").display(), "ROI annotations open");
+            Ok(Arc::new(rois))
+        }
+        Err(why) => {
+            tracing::warn!(error = %why, "serving without ROI annotations");
+            Err(why)
         }
     }
 }

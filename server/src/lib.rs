@@ -12,6 +12,7 @@
 //! * [`daemon`] and [`config`] run it as a long-lived process; [`tls`] loads its certificate;
 //!   [`listener`] admits connections and [`pins`] closes those whose unread replies stall.
 //! * [`state_dir`] holds what users write (uploads, annotations), locked for one server.
+//! * [`rois`] stores the ROI annotations users draw on tensors, in the state directory.
 //! * [`metrics`] is the handle that records Prometheus metrics; [`scrape`] serves them.
 //!
 //! The `tessera` binary (crate `tessera-cli`) runs the daemon and the tools around it.
@@ -27,6 +28,7 @@ pub mod grid;
 pub mod listener;
 pub mod metrics;
 pub mod pins;
+pub mod rois;
 pub mod route;
 pub mod scaled;
 pub mod scrape;

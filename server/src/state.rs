@@ -16,6 +16,7 @@ use crate::chunks::{ChunkService, EncodedChunk};
 use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
+use crate::rois::Annotations;
 use crate::route::{Route, RoutePlanner};
 use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
@@ -25,6 +26,9 @@ use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
 use crate::state_dir::StateDir;
+
+/// Most annotations a catalog query over the `rois` table loads.
+const MAX_SQL_ROIS: usize = 1_000_000;
 
 /// Everything the service shares between calls.
 pub struct ServiceState {
@@ -44,6 +48,8 @@ pub struct ServiceState {
     writable: bool,
     /// Where users' data lives, when this server holds it.
     state_dir: Option<Arc<StateDir>>,
+    /// The ROI annotation store, or why there is none.
+    annotations: Result<Arc<Annotations>, String>,
 }
 
 impl ServiceState {
@@ -63,7 +69,23 @@ impl ServiceState {
             tree: Mutex::new(None),
             writable: false,
             state_dir: None,
+            annotations: Err(
+                "this server has no state directory to keep annotations in".to_string()
+            ),
         }
+    }
+
+    /// Keeps ROI annotations in `annotations`, or refuses them with the reason given.
+    pub fn with_annotations(mut self, annotations: Result<Arc<Annotations>, String>) -> Self {
+        self.annotations = annotations;
+        self
+    }
+
+    /// The ROI annotation store; UNAVAILABLE, naming why, when there is none.
+    pub fn annotations(&self) -> ServiceResult<Arc<Annotations>> {
+        self.annotations.clone().map_err(|why| {
+            ServiceError::Unavailable(format!("ROI annotations are unavailable: {why}"))
+        })
     }
 
     /// Lets clients write, keeping what they write in `state_dir` (default: read-only, no
@@ -205,7 +227,23 @@ impl ServiceState {
 
     /// Runs a catalog SQL query over the current registry.
     pub async fn catalog_query(&self, sql: &str) -> ServiceResult<catalog::QueryAnswer> {
-        let snapshot = self.catalog_snapshot();
+        let mut snapshot = self.catalog_snapshot();
+        // The annotations are read only for a query that can name their table.
+        if sql.to_ascii_lowercase().contains(catalog::tables::ROIS)
+            && let Ok(rois) = self.annotations()
+        {
+            let limit = MAX_SQL_ROIS;
+            let rows = tokio::task::spawn_blocking(move || rois.all(limit + 1))
+                .await
+                .map_err(|e| ServiceError::Internal(format!("reading annotations: {e}")))??;
+            if rows.len() > limit {
+                return Err(ServiceError::Catalog(format!(
+                    "the rois table holds more than {limit} annotations, more than a catalog \
+                     query loads; read them per tensor with list_rois"
+                )));
+            }
+            snapshot = snapshot.with_rois(rows);
+        }
         Ok(self.catalog.query(&snapshot, sql).await?)
     }
 

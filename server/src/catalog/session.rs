@@ -81,6 +81,7 @@ pub fn context(runtime: &Arc<RuntimeEnv>, snapshot: &Snapshot) -> Result<Session
     for (name, batch) in [
         (tables::SOURCES, tables::sources_batch(snapshot)?),
         (tables::TENSORS, tables::tensors_batch(snapshot)?),
+        (tables::ROIS, tables::rois_batch(snapshot)?),
     ] {
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
         ctx.register_table(name, Arc::new(table))?;

@@ -4,6 +4,7 @@
 //!   with exactly the columns and types biopb clients read (protocol §2.3).
 //! * `tensors`: one row per served tensor, with the serving details (chunk grid,
 //!   byte size, path, content version) that `sources` leaves out.
+//! * `rois`: one row per stored ROI annotation (loaded only for a query that names it).
 
 use std::sync::{Arc, LazyLock};
 
@@ -14,6 +15,7 @@ use arrow_array::{
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
+use crate::rois::store::StoredRoi;
 use crate::source::registry::{Refused, Registry, Tensor};
 
 pub use crate::source::origin::file_url;
@@ -22,6 +24,8 @@ pub use crate::source::origin::file_url;
 pub const SOURCES: &str = "sources";
 /// Name of the table of tensors.
 pub const TENSORS: &str = "tensors";
+/// Name of the table of ROI annotations.
+pub const ROIS: &str = "rois";
 /// Every catalog table, in the order ListFlights reports them.
 pub const TABLES: [&str; 2] = [SOURCES, TENSORS];
 
@@ -44,7 +48,11 @@ const SOURCE_TYPE: &str = "npy";
 pub struct Snapshot {
     tensors: Vec<Arc<Tensor>>,
     refused: Vec<Refused>,
+    rois: Arc<Vec<RoiRow>>,
 }
+
+/// One stored annotation: its tensor, its id and its record.
+pub type RoiRow = (String, String, StoredRoi);
 
 impl Snapshot {
     /// Copies what the catalog needs out of `registry` (cheap: `Arc` clones).
@@ -52,7 +60,14 @@ impl Snapshot {
         Snapshot {
             tensors: registry.tensors().cloned().collect(),
             refused: registry.refused().cloned().collect(),
+            rois: Arc::default(),
         }
+    }
+
+    /// The snapshot with the rows of the `rois` table.
+    pub fn with_rois(mut self, rois: Vec<RoiRow>) -> Snapshot {
+        self.rois = Arc::new(rois);
+        self
     }
 
     /// The one source `id` of `registry` (nothing when there is none).
@@ -60,13 +75,14 @@ impl Snapshot {
         Snapshot {
             tensors: registry.get(id).cloned().into_iter().collect(),
             refused: registry.refused_source(id).cloned().into_iter().collect(),
+            rois: Arc::default(),
         }
     }
 
     /// Rows of the largest catalog table (`sources` has one per source, resolved or not;
     /// `tensors` one per tensor): an upper bound for what one table scan produces.
     pub fn max_table_rows(&self) -> u64 {
-        (self.tensors.len() + self.refused.len()) as u64
+        (self.tensors.len() + self.refused.len()).max(self.rois.len()) as u64
     }
 
     /// Longest list a catalog table holds: a tensor's `shape`, `dim_labels` or chunk shape,
@@ -157,6 +173,71 @@ struct SourceRow<'a> {
     tensor: Option<&'a Tensor>,
     reason: Option<&'a str>,
 }
+
+/// The `rois` table: every stored annotation, by tensor then id. `geometry` is
+/// `biopb.image.ROI` as proto3 JSON, `plane` the pins as a JSON object (axis → index),
+/// `drawn_against_version` lowercase hex.
+pub fn rois_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
+    let rows = snapshot.rois.as_slice();
+    let text = |f: &dyn Fn(&RoiRow) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+    };
+    let int = |f: &dyn Fn(&StoredRoi) -> i64| -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| f(&r.2))))
+    };
+    let version: StringArray = rows
+        .iter()
+        .map(|r| {
+            r.2.drawn_against_version
+                .as_ref()
+                .map(|v| v.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        })
+        .collect();
+    RecordBatch::try_new(
+        ROIS_SCHEMA.clone(),
+        vec![
+            text(&|r| r.1.clone()),
+            text(&|r| r.0.clone()),
+            text(&|r| r.2.set_name.clone()),
+            text(&|r| r.2.label.clone()),
+            text(&|r| r.2.shape.clone()),
+            text(&|r| r.2.geometry.clone()),
+            text(&|r| {
+                serde_json::Value::Object(
+                    r.2.plane
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+                        .collect(),
+                )
+                .to_string()
+            }),
+            text(&|r| r.2.props_json.clone()),
+            Arc::new(version),
+            int(&|r| r.rev),
+            int(&|r| r.created_ms),
+            int(&|r| r.updated_ms),
+        ],
+    )
+}
+
+static ROIS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let text = |name| Field::new(name, DataType::Utf8, false);
+    let int = |name| Field::new(name, DataType::Int64, false);
+    Arc::new(Schema::new(vec![
+        text("roi_id"),
+        text("array_id"),
+        text("set_name"),
+        text("label"),
+        text("shape"),
+        text("geometry"),
+        text("plane"),
+        text("props_json"),
+        Field::new("drawn_against_version", DataType::Utf8, true),
+        int("rev"),
+        int("created_at_unix_ms"),
+        int("updated_at_unix_ms"),
+    ]))
+});
 
 /// The `sources` table: served and refused files merged in `source_id` order.
 pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
@@ -307,6 +388,7 @@ mod tests {
     fn refused_files_are_unresolved_rows_with_their_reason() {
         let snapshot = Snapshot {
             tensors: Vec::new(),
+            rois: Arc::default(),
             refused: vec![Refused {
                 source_id: "bad".to_string(),
                 path: "/data/bad.npy".into(),

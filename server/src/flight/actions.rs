@@ -9,7 +9,7 @@ use bytes::Bytes;
 use prost::Message;
 use tessera_proto::consts::{
     ACTION_ADD_SOURCE, ACTION_CACHE_STATS, ACTION_CATALOG_CHILDREN, ACTION_CHUNK_LOCATE,
-    ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE, FLIGHT_PROTOCOL_VERSION,
+    ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE, ACTION_ROI_PRUNE, FLIGHT_PROTOCOL_VERSION,
     HEALTH_STATUS_SERVING, SERVER_NAME,
 };
 use tessera_proto::json::{ChunkLocateReply, Health};
@@ -51,6 +51,11 @@ pub fn action_types() -> Vec<ActionType> {
             ACTION_REMOVE_SOURCE,
             "Stop serving the runtime sources at or under a dnd:// url (RemoveSourceResult).",
         ),
+        (
+            ACTION_ROI_PRUNE,
+            "Report (and with apply, delete) annotations of tensors not served for N days \
+             (RoiPruneRequest to RoiPruneResult).",
+        ),
     ]
     .into_iter()
     .map(|(name, description)| ActionType {
@@ -74,6 +79,7 @@ pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceR
         ACTION_CACHE_STATS => json(&cache_stats(state)),
         ACTION_CATALOG_CHILDREN => json(&catalog_children(state, body)?),
         ACTION_REMOVE_SOURCE => remove_source(state, body),
+        ACTION_ROI_PRUNE => super::roi::prune(state, body).await,
         other => Err(ServiceError::UnknownAction(other.to_string())),
     }
 }
@@ -278,6 +284,7 @@ fn health(state: &ServiceState) -> Health {
         uptime_seconds: state.uptime().as_secs_f64(),
         writable: state.writable(),
         metadata_db_enabled: false,
+        annotations_persisted: state.annotations().is_ok(),
         full_scan_in_progress: state.scan_status().in_progress(),
         last_full_scan_finished_at: state.scan_status().last_finished_at(),
         server: SERVER_NAME.to_string(),

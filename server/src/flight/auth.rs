@@ -3,6 +3,11 @@
 //!
 //! Clients send `authorization: Bearer <token>` on every RPC (biopb-protocol.md §5).
 //! The comparison runs in constant time so response timing reveals nothing of the token.
+//!
+//! One exemption, opted into with [`Authenticated::with_sealed_roi_reads`] in front of the
+//! chunk route only: a DoGet without a valid token goes on to the chunk route carrying its
+//! refusal ([`TokenRefused`]); the route answers that refusal for every ticket but a
+//! `roi_read` carrying a sealed grant, whose seal is then checked before anything is read.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,6 +43,14 @@ pub fn validate_token(token: &str) -> Result<(), BadToken> {
     Ok(())
 }
 
+/// The HTTP path of Flight's DoGet.
+pub const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
+
+/// A DoGet whose token was refused, let through to the chunk route: only a sealed ROI
+/// ticket may stand in for the token; every other ticket is answered with this refusal.
+#[derive(Clone, Debug)]
+pub struct TokenRefused(pub ServiceError);
+
 /// Requires `authorization: Bearer <token>` when a token is set.
 #[derive(Clone)]
 pub struct TokenCheck {
@@ -54,19 +67,21 @@ impl TokenCheck {
 
     /// Accepts or refuses one call by its request headers.
     pub fn check(&self, headers: &http::HeaderMap) -> Result<(), Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(());
-        };
+        self.refusal(headers).map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Why one call is refused by its request headers (`None`: accepted).
+    fn refusal(&self, headers: &http::HeaderMap) -> Option<ServiceError> {
+        let expected = self.expected.as_ref()?;
         let Some(given) = headers.get(tessera_proto::AUTHORIZATION_HEADER) else {
-            return Err(ServiceError::Unauthenticated(
+            return Some(ServiceError::Unauthenticated(
                 "missing token: send 'authorization: Bearer <token>'".to_string(),
-            )
-            .into());
+            ));
         };
         if bool::from(given.as_bytes().ct_eq(expected)) {
-            Ok(())
+            None
         } else {
-            Err(ServiceError::Unauthenticated("invalid token".to_string()).into())
+            Some(ServiceError::Unauthenticated("invalid token".to_string()))
         }
     }
 }
@@ -77,12 +92,26 @@ impl TokenCheck {
 pub struct Authenticated<S> {
     inner: S,
     check: TokenCheck,
+    sealed_roi_reads: bool,
 }
 
 impl<S> Authenticated<S> {
     /// Checks every call to `inner` with `check`.
     pub fn new(inner: S, check: TokenCheck) -> Self {
-        Self { inner, check }
+        Self {
+            inner,
+            check,
+            sealed_roi_reads: false,
+        }
+    }
+
+    /// Lets a DoGet with no valid token through to `inner` with [`TokenRefused`] in its
+    /// extensions. Only for an `inner` that is the chunk route
+    /// ([`super::chunk_get::ChunkGet`]), which answers that refusal unless the ticket is a
+    /// sealed ROI read.
+    pub fn with_sealed_roi_reads(mut self) -> Self {
+        self.sealed_roi_reads = true;
+        self
     }
 }
 
@@ -104,10 +133,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        match self.check.check(request.headers()) {
-            Ok(()) => Box::pin(self.inner.call(request)),
-            Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        match self.check.refusal(request.headers()) {
+            None => Box::pin(self.inner.call(request)),
+            Some(refusal) if self.sealed_roi_reads && request.uri().path() == DO_GET_PATH => {
+                request.extensions_mut().insert(TokenRefused(refusal));
+                Box::pin(self.inner.call(request))
+            }
+            Some(refusal) => Box::pin(std::future::ready(Ok(Status::from(refusal).into_http()))),
         }
     }
 }
@@ -131,6 +164,80 @@ mod tests {
             http::HeaderValue::from_static(authorization),
         );
         headers
+    }
+
+    /// Answers 200, saying in a header whether the call came with a [`TokenRefused`].
+    #[derive(Clone)]
+    struct Marks;
+
+    impl tonic::codegen::Service<http::Request<()>> for Marks {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<()>) -> Self::Future {
+            let mut response = http::Response::new(Body::empty());
+            let refused = request.extensions().get::<TokenRefused>().is_some();
+            response.headers_mut().insert(
+                "x-token-refused",
+                http::HeaderValue::from_static(if refused { "yes" } else { "no" }),
+            );
+            std::future::ready(Ok(response))
+        }
+    }
+
+    /// `(grpc-status of a refusal, x-token-refused of a forwarded call)`.
+    async fn answer(
+        service: &mut Authenticated<Marks>,
+        path: &str,
+        authorization: Option<&'static str>,
+    ) -> (Option<String>, Option<String>) {
+        use tonic::codegen::Service;
+        let mut request = http::Request::new(());
+        *request.uri_mut() = path.parse().unwrap_or_default();
+        if let Some(value) = authorization {
+            request
+                .headers_mut()
+                .insert("authorization", http::HeaderValue::from_static(value));
+        }
+        let Ok(response) = service.call(request).await;
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        (header("grpc-status"), header("x-token-refused"))
+    }
+
+    #[tokio::test]
+    async fn only_do_get_passes_without_a_token_and_only_when_opted_in() {
+        let check = TokenCheck::new(Some("abcdefghijklmnop".to_string()));
+        let get_info = "/arrow.flight.protocol.FlightService/GetFlightInfo";
+        let unauthenticated = (Some("16".to_string()), None);
+        let mut plain = Authenticated::new(Marks, check.clone());
+        assert_eq!(answer(&mut plain, DO_GET_PATH, None).await, unauthenticated);
+        let mut sealed = Authenticated::new(Marks, check).with_sealed_roi_reads();
+        let marked = |m: &str| (None, Some(m.to_string()));
+        assert_eq!(answer(&mut sealed, DO_GET_PATH, None).await, marked("yes"));
+        assert_eq!(
+            answer(&mut sealed, DO_GET_PATH, Some("Bearer wrong-token-000")).await,
+            marked("yes")
+        );
+        assert_eq!(
+            answer(&mut sealed, DO_GET_PATH, Some("Bearer abcdefghijklmnop")).await,
+            marked("no")
+        );
+        assert_eq!(answer(&mut sealed, get_info, None).await, unauthenticated);
+        assert_eq!(
+            answer(&mut sealed, get_info, Some("Bearer abcdefghijklmnop")).await,
+            marked("no")
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! ([`super::auth::Authenticated`]). The chunk's body goes out in pieces of 1 MiB, each a slice of the same
 //! bytes that keeps the reply registered in the ledger of unread replies ([`crate::pins`])
 //! while h2 still queues it, so a peer that stops reading is seen and its connection closed.
-//! Every other call, and DoGet of a catalog ticket, goes to the tonic
+//! Every other call, and DoGet of a catalog or ROI ticket, goes to the tonic
 //! service unchanged. The bytes on the wire are exactly those tonic would send (pinned by
 //! the tests below against prost's encoding).
 //!
@@ -26,7 +26,9 @@
 //!    │ ◀─ DATA [prefix|FlightData{data_header, data_body length}] [chunk body, zero-copy]
 //!    │ ◀─ HEADERS grpc-status: 0
 //!  (a catalog ticket is handed to the tonic service with the request bytes read and its
-//!   decoded SQL as a request extension; malformed and unknown tickets are refused here)
+//!   decoded SQL as a request extension, a roi_read likewise with its RoiRead; malformed and
+//!   unknown tickets are refused here, and so is every ticket but a sealed roi_read of a
+//!   call whose token was refused: see `super::auth::TokenRefused`)
 //! ```
 
 use std::collections::VecDeque;
@@ -47,15 +49,17 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 
-use super::CatalogSql;
+use super::auth::{DO_GET_PATH, TokenRefused};
+use super::{CatalogSql, RoiReadTicket};
 use crate::chunks::EncodedChunk;
 use crate::error::ServiceError;
 use crate::listener::Peer;
 use crate::pins::Hold;
 use crate::state::ServiceState;
 
-/// The HTTP path of Flight's DoGet.
-const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
+/// Largest DoGet request read from a call without a valid token (a sealed ROI ticket is a
+/// few hundred bytes).
+const UNAUTHENTICATED_REQUEST_BYTES: usize = 64 << 10;
 /// FlightData's `data_header` field number.
 const DATA_HEADER_FIELD: u32 = 2;
 /// FlightData's `data_body` field number.
@@ -136,22 +140,49 @@ enum Routed {
 
 async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>) -> Routed {
     let (mut parts, body) = request.into_parts();
+    let token_refused = parts.extensions.remove::<TokenRefused>();
     let peer = Peer::of(&parts.extensions);
     let connection = peer.map(|peer| Arc::clone(&peer.connection));
     let loopback = peer.is_some_and(Peer::is_loopback);
+    // A call without a valid token may carry a ROI ticket only, which is small: it may not make
+    // the server read more than that.
+    let limit = if token_refused.is_some() {
+        limit.min(UNAUTHENTICATED_REQUEST_BYTES)
+    } else {
+        limit
+    };
+    // Without a valid token, whatever is wrong with the request, the answer is the token's
+    // refusal.
+    let refuse = |status: Status| match &token_refused {
+        Some(TokenRefused(refusal)) => Status::from(refusal.clone()).into_http(),
+        None => status.into_http(),
+    };
     let bytes = match read_request(body, limit).await {
         Ok(bytes) => bytes,
-        Err(status) => return Routed::Answer(status.into_http()),
+        Err(status) => return Routed::Answer(refuse(status)),
     };
     let ticket = match single_message(&bytes).and_then(|m| {
         Ticket::decode(m)
             .map_err(|e| Status::invalid_argument(format!("malformed Ticket message: {e}")))
     }) {
         Ok(ticket) => ticket,
-        Err(status) => return Routed::Answer(status.into_http()),
+        Err(status) => return Routed::Answer(refuse(status)),
     };
-    let chunk_id = match decode_ticket(&ticket.ticket) {
+    let payload = decode_ticket(&ticket.ticket);
+    if let Some(TokenRefused(refusal)) = token_refused {
+        // A call without a valid token reads nothing but a sealed ROI ticket's annotations
+        // (the seal is checked before the read).
+        if !matches!(&payload, Ok(TicketPayload::RoiRead(read)) if read.grant.is_some()) {
+            return Routed::Answer(Status::from(refusal).into_http());
+        }
+    }
+    let chunk_id = match payload {
         Ok(TicketPayload::ChunkId(id)) => id,
+        Ok(TicketPayload::RoiRead(read)) => {
+            parts.extensions.insert(RoiReadTicket(read));
+            let body = Body::new(Frames::new(vec![bytes], None));
+            return Routed::Forward(http::Request::from_parts(parts, body));
+        }
         Ok(TicketPayload::CatalogQuery(sql)) => {
             parts.extensions.insert(CatalogSql(sql));
             let body = Body::new(Frames::new(vec![bytes], None));

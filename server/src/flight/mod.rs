@@ -21,6 +21,7 @@ pub mod auth;
 pub mod chunk_get;
 pub mod plan;
 pub mod put;
+pub mod roi;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,6 +53,11 @@ pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Se
 /// handed to [`TesseraFlight::do_get`] as a request extension.
 #[derive(Clone, Debug)]
 pub struct CatalogSql(pub String);
+
+/// The `roi_read` of a ROI ticket, decoded by the chunk route ([`chunk_get::ChunkGet`]) and
+/// handed to [`TesseraFlight::do_get`] as a request extension.
+#[derive(Clone, Debug)]
+pub struct RoiReadTicket(pub tessera_proto::pb::RoiRead);
 
 /// The Flight service. Its `do_get` answers the catalog tickets [`chunk_get::ChunkGet`]
 /// hands on; chunk tickets never reach it.
@@ -90,6 +96,7 @@ impl TesseraFlight {
             &request.encode_to_vec(),
             route,
             self.state.pyramid(),
+            roi::ticket(&self.state, tensor),
         )
     }
 
@@ -110,6 +117,7 @@ impl TesseraFlight {
                     &request.encode_to_vec(),
                     route,
                     self.state.pyramid(),
+                    roi::ticket(&self.state, &tensor),
                 )
             }
             DescriptorType::Path => {
@@ -259,7 +267,10 @@ impl FlightService for TesseraFlight {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         // The chunk route in front decoded the ticket: chunks it answered itself, a catalog
-        // query it hands on with its SQL.
+        // query it hands on with its SQL, a ROI read with its RoiRead.
+        if let Some(RoiReadTicket(read)) = request.extensions().get::<RoiReadTicket>().cloned() {
+            return Ok(Response::new(roi::read(&self.state, read).await?));
+        }
         let Some(CatalogSql(sql)) = request.extensions().get::<CatalogSql>().cloned() else {
             return Err(ServiceError::Internal(
                 "DoGet reached the Flight service without the chunk route that decodes its ticket"

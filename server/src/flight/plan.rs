@@ -137,13 +137,14 @@ fn grid_for(tensor: &Tensor, route: Route) -> &ChunkGrid {
 }
 
 /// Builds the FlightInfo answering `request` (whose serialized bytes are `request_bytes`),
-/// cut on the grid of `route`.
+/// cut on the grid of `route`; its descriptor carries `roi_ticket` (empty: none).
 pub fn plan(
     tensor: &Tensor,
     request: &TensorReadOption,
     request_bytes: &[u8],
     route: Route,
     pyramid: &PyramidPolicy,
+    roi_ticket: Vec<u8>,
 ) -> ServiceResult<FlightInfo> {
     let scale = requested_scale(tensor, request)?;
     let scaled_grid;
@@ -197,6 +198,7 @@ pub fn plan(
         physical_scale: tensor.meta.physical_scale.clone(),
         physical_unit: tensor.meta.physical_unit.clone(),
         is_resident: mask.is_resident.then(|| is_resident(tensor)),
+        roi_ticket,
         ..Default::default()
     };
 
@@ -290,8 +292,9 @@ fn is_resident(tensor: &Tensor) -> bool {
     std::fs::metadata(tensor.file.path()).is_ok_and(|m| m.is_file())
 }
 
-/// The content version as the descriptor reports it (informational for clients).
-fn version_bytes(tensor: &Tensor) -> Vec<u8> {
+/// The content version as the descriptor reports it (informational for clients; what a
+/// ROI ticket's grant is sealed over).
+pub fn version_bytes(tensor: &Tensor) -> Vec<u8> {
     let v = tensor.version;
     let mut out = Vec::with_capacity(32);
     out.extend_from_slice(&v.dev.to_be_bytes());

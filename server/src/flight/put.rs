@@ -17,7 +17,7 @@ pub type PutStream = super::BoxStream<PutResult>;
 
 /// Reads the command from the first message and runs it over the rest of the stream.
 pub async fn run(
-    _state: &ServiceState,
+    state: &ServiceState,
     mut stream: Streaming<FlightData>,
 ) -> Result<PutStream, ServiceError> {
     let first = stream
@@ -49,8 +49,7 @@ pub async fn run(
         Command::ChunkTicket(_) => Err(ServiceError::Unsupported(
             "DoPut of an upload chunk is not supported yet".into(),
         )),
-        Command::RoiPut(_) | Command::RoiDelete(_) => Err(ServiceError::Unsupported(
-            "DoPut of annotations is not supported yet".into(),
-        )),
+        Command::RoiPut(cmd) => super::roi::put(state, cmd, first, stream).await,
+        Command::RoiDelete(cmd) => super::roi::delete(state, cmd, first, stream).await,
     }
 }

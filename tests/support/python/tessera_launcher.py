@@ -9,7 +9,8 @@ import re
 import subprocess
 import threading
 
-LISTENING = re.compile(r"listening on (grpcs?://[0-9.:]+)")
+# The server's own line, not a refusal quoting another holder's "(pid N, listening on …)".
+LISTENING = re.compile(r"(?<!, )listening on (grpcs?://[0-9.:]+)")
 
 
 class TesseraProcess:
