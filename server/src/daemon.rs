@@ -20,9 +20,9 @@ use crate::scrape::MetricsServer;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
-use crate::uploads::Uploads;
 use crate::state_dir::{StateDir, StateDirError};
 use crate::tls::TlsIdentity;
+use crate::uploads::Uploads;
 use crate::watch::Watcher;
 
 /// Largest message the server sends: a 64 MiB chunk plus its header, with room to spare.

@@ -150,11 +150,13 @@ impl ServiceState {
     ) -> ServiceResult<Result<tessera_segments::Location, String>> {
         if let Some(target) = self.upload_read_target(chunk_id)? {
             let uploads = self.uploads.clone();
-            let located = tokio::task::spawn_blocking(move || {
-                uploads.map(|u| u.locate(&target)).transpose()
-            })
-            .await
-            .map_err(|e| ServiceError::Internal(format!("locating an upload chunk: {e}")))??;
+            let located =
+                tokio::task::spawn_blocking(move || uploads.map(|u| u.locate(&target)).transpose())
+                    .await
+                    .map_err(|e| {
+                        ServiceError::Internal(format!("locating an upload chunk: {e}"))
+                    })??;
+            self.chunks.count_served(true);
             return located
                 .map(Ok)
                 .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()));
@@ -387,17 +389,17 @@ impl ServiceState {
     ) -> ServiceResult<EncodedChunk> {
         if let Some(target) = self.upload_read_target(chunk_id)? {
             let uploads = self.uploads.clone();
-            let entry = tokio::task::spawn_blocking(move || {
-                uploads.map(|u| u.read(&target)).transpose()
-            })
-            .await
-            .map_err(|e| ServiceError::Internal(format!("reading an upload chunk: {e}")))??
-            .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
+            let entry =
+                tokio::task::spawn_blocking(move || uploads.map(|u| u.read(&target)).transpose())
+                    .await
+                    .map_err(|e| ServiceError::Internal(format!("reading an upload chunk: {e}")))??
+                    .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
             let chunk = EncodedChunk {
                 header: entry.header,
                 body: entry.body,
             };
             self.metrics.record_do_get_bytes(chunk.len() as u64);
+            self.chunks.count_served(false);
             return Ok(chunk);
         }
         let (tensor, id) = self.resolve_chunk(chunk_id)?;

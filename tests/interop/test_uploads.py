@@ -118,6 +118,7 @@ def test_dask_sliced_and_chunk_by_chunk_uploads(start_server, tmp_path):
 
 
 def test_status_ladder_and_refusals(start_server, tmp_path):
+    np.save(tmp_path / "img.npy", np.arange(12, dtype=np.uint8).reshape(3, 4))
     server = start_server(tmp_path, extra=WRITABLE)
     client = client_for(server)
     arr = np.arange(600, dtype="<f8").reshape(20, 30)
@@ -137,14 +138,22 @@ def test_status_ladder_and_refusals(start_server, tmp_path):
         client.upload_chunk(desc, good, arr[:10].astype("<i4"))
     with pytest.raises(flight.FlightError, match="300 elements"):
         client.upload_chunk(desc, good, arr[:5])
-    other = client.setup_array_upload("cache://scratch/@fields/other", arr, chunk_shape=(10, 30))
     from biopb.tensor._upload import _plan_write, _put_chunk  # the client's own write path
+    source_plan = _plan_write(client._state, "img", None)
+    with pytest.raises(flight.FlightError, match="'img', which is not an upload"):
+        # A read ticket of a served source is no upload's ticket.
+        _put_chunk(client._state.client, client._state.call_options, "img",
+                   source_plan[0].ticket, np.load(tmp_path / "img.npy"))
+    other = client.setup_array_upload("cache://scratch/@fields/other", arr, chunk_shape=(10, 30), ttl_seconds=1)
     other_plan = _plan_write(client._state, other.array_id, None)
-    with pytest.raises(flight.FlightError, match="not a chunk|ticket"):
-        # A ticket of `other` sent with a batch whose shape fits `ladder`'s cell: the
-        # ticket decides, and its cell is 10x30 f8, so a 10x30 f4 batch is refused.
+    # A ticket of an earlier upload of the same name (discarded, then added again).
+    client.set_upload_status(other, "DISCARDED")
+    while client.get_upload_status(other.array_id)["state"] != "UNKNOWN":
+        time.sleep(0.2)
+    other = client.setup_array_upload("cache://scratch/@fields/other", arr, chunk_shape=(10, 30))
+    with pytest.raises(flight.FlightError, match="earlier upload"):
         _put_chunk(client._state.client, client._state.call_options, other.array_id,
-                   other_plan[0].ticket, arr[:10].astype("<f4"))
+                   other_plan[0].ticket, arr[:10])
     assert client.get_upload_status(desc.array_id)["uploaded_chunks"] == 0
 
     # Up the ladder, a no-op at the same state, never back.
@@ -160,6 +169,8 @@ def test_status_ladder_and_refusals(start_server, tmp_path):
     assert refused.value.state == "READY"
 
     # DISCARDED from READY: storage reclaimed, the name stays taken, writes refused typed.
+    data_root = tmp_path / "state0" / "uploads" / "data"
+    before = set(data_root.iterdir())
     done = client.set_upload_status(desc, "DISCARDED", reason="wrong parameters")
     assert done["state"] == "DISCARDED" and done["reason"] == "wrong parameters"
     with pytest.raises(UploadRefused) as refused:
@@ -177,8 +188,8 @@ def test_status_ladder_and_refusals(start_server, tmp_path):
         client.setup_array_upload("cache://nosuch/@fields/x", arr)
     with pytest.raises(flight.FlightError, match="ttl_seconds"):
         client.setup_array_upload("cache://scratch/@fields/zero", arr, ttl_seconds=0)
-    data_dirs = list((tmp_path / "state0" / "uploads" / "data").iterdir())
-    assert len(data_dirs) == 1, data_dirs  # `other`'s; `ladder`'s storage is gone
+    after = set(data_root.iterdir())
+    assert len(after) == len(before) - 1 and after < before, (before, after)
 
 
 def test_upload_onto_a_served_source(start_server, tmp_path):

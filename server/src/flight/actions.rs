@@ -8,15 +8,15 @@ use arrow_flight::ActionType;
 use bytes::Bytes;
 use prost::Message;
 use tessera_proto::consts::{
-    ACTION_ADD_SOURCE, ACTION_ADD_TENSOR, ACTION_CACHE_STATS, ACTION_CATALOG_CHILDREN, ACTION_CHUNK_LOCATE,
-    ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE, ACTION_SET_UPLOAD_STATUS, FLIGHT_PROTOCOL_VERSION,
-    HEALTH_STATUS_SERVING, SERVER_NAME,
+    ACTION_ADD_SOURCE, ACTION_ADD_TENSOR, ACTION_CACHE_STATS, ACTION_CATALOG_CHILDREN,
+    ACTION_CHUNK_LOCATE, ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE,
+    ACTION_SET_UPLOAD_STATUS, FLIGHT_PROTOCOL_VERSION, HEALTH_STATUS_SERVING, SERVER_NAME,
 };
 use tessera_proto::json::{ChunkLocateReply, Health};
 use tessera_proto::pb::{
     AddSourceFailure, AddSourceProgress, AddSourceRequest, AddSourceResult, AddSourceStreamMessage,
-    RemoveSourceRequest, RemoveSourceResult, SetUploadStatus, TensorDescriptor, ResolveProgress, ResolveStreamMessage,
-    add_source_stream_message, resolve_stream_message,
+    RemoveSourceRequest, RemoveSourceResult, ResolveProgress, ResolveStreamMessage,
+    SetUploadStatus, TensorDescriptor, add_source_stream_message, resolve_stream_message,
 };
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
 

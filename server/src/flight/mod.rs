@@ -127,7 +127,9 @@ impl TesseraFlight {
                     return Ok(info);
                 }
                 if let Some(upload) = self.state.upload(name)? {
-                    return Ok(plan_upload_whole(&upload, name)?.with_descriptor(descriptor.clone()));
+                    return Ok(
+                        plan_upload_whole(&upload, name)?.with_descriptor(descriptor.clone())
+                    );
                 }
                 let tensor = self.state.resolve(name)?;
                 Ok(self

@@ -247,9 +247,9 @@ pub fn plan_upload(
     let shape = upload.shape();
     let requested = requested_region(array_id, shape, request.slice_hint.as_ref())?;
     let realized = match &requested {
-        Some(region) => grid.snap(region).map_err(|e| {
-            ServiceError::InvalidArgument(format!("slice of '{array_id}': {e}"))
-        })?,
+        Some(region) => grid
+            .snap(region)
+            .map_err(|e| ServiceError::InvalidArgument(format!("slice of '{array_id}': {e}")))?,
         None => Region::whole(shape),
     };
     let slice_hint =
@@ -287,7 +287,11 @@ pub fn plan_upload(
         } else {
             String::new()
         },
-        pyramid: if has(MASK_PYRAMID) { vec![native] } else { Vec::new() },
+        pyramid: if has(MASK_PYRAMID) {
+            vec![native]
+        } else {
+            Vec::new()
+        },
         content_version: Some(version_bytes(upload.version())),
         upload_status: has(MASK_UPLOAD_STATUS).then(|| upload.status()),
         is_resident: request
@@ -352,9 +356,9 @@ pub fn endpoints(
     scale: Option<&Scale>,
 ) -> ServiceResult<Vec<FlightEndpoint>> {
     let factors = |a: usize| scale.map_or(1, |s| s.factors()[a]);
-    let cells = grid.cells(realized).map_err(|e| {
-        ServiceError::InvalidArgument(format!("region of '{array_id}': {e}"))
-    })?;
+    let cells = grid
+        .cells(realized)
+        .map_err(|e| ServiceError::InvalidArgument(format!("region of '{array_id}': {e}")))?;
     cells
         .map(|cell| {
             let bounds = ChunkBounds {

@@ -126,7 +126,11 @@ mod tests {
         assert_eq!(flat, vec![2, 0, 3, 0, 4, 0]);
 
         let b = batch(Arc::new(UInt16Array::from(vec![1u16, 2])));
-        assert!(chunk_bytes(std::slice::from_ref(&b), &u2, 3).unwrap_err().contains("3 elements"));
+        assert!(
+            chunk_bytes(std::slice::from_ref(&b), &u2, 3)
+                .unwrap_err()
+                .contains("3 elements")
+        );
         let f4 = Dtype::parse("<f4").unwrap();
         assert!(chunk_bytes(&[b], &f4, 2).unwrap_err().contains("Float32"));
         let nulls = batch(Arc::new(Float32Array::from(vec![Some(1.0), None])));

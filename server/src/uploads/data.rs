@@ -97,10 +97,7 @@ impl ChunkData {
                 })
         };
         sync(&location.segment_path)?;
-        let new_segment = !self
-            .synced_segments
-            .lock()
-            .contains(&location.segment_path);
+        let new_segment = !self.synced_segments.lock().contains(&location.segment_path);
         if new_segment {
             if let Some(parent) = location.segment_path.parent() {
                 sync(parent)?;

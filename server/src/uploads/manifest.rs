@@ -184,7 +184,10 @@ mod tests {
         assert_eq!(loaded.len(), 2);
         assert_eq!(loaded[0].0.state, State::Ready);
         assert_eq!(loaded[0].1.len(), 2);
-        assert_eq!(loaded[0].1.get(&1).map(Vec::as_slice), Some(&b"k1-retry"[..]));
+        assert_eq!(
+            loaded[0].1.get(&1).map(Vec::as_slice),
+            Some(&b"k1-retry"[..])
+        );
         assert_eq!(loaded[1].1.len(), 1);
         m.drop_chunks(8).unwrap();
         m.remove("scratch/@fields/a", 7).unwrap();

@@ -50,8 +50,8 @@ pub const MAX_UPLOAD_BYTES: u64 = 1 << 40;
 /// one that asks for none): 7 days.
 pub const SCRATCH_MAX_TTL_SECONDS: u32 = 7 * 24 * 3600;
 
-/// How long a discarded upload without a lifetime of its own keeps its name (a tombstone
-/// stragglers can still learn the reason from): one hour.
+/// How long a discarded upload keeps its name at most (a tombstone stragglers can still
+/// learn the reason from): its own lifetime when shorter, else one hour.
 pub const TOMBSTONE_SECONDS: u64 = 3600;
 
 /// How often the sweep looks for expired uploads and discarded storage.
@@ -84,8 +84,9 @@ pub struct Upload {
 impl Upload {
     fn new(record: UploadRecord, data_root: &Path) -> Result<Upload, String> {
         let dtype = Dtype::parse(&record.dtype).map_err(|e| e.to_string())?;
-        let grid = ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
-            .map_err(|e| e.to_string())?;
+        let grid =
+            ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
+                .map_err(|e| e.to_string())?;
         let bytes = record.shape.iter().product::<u64>() * dtype.itemsize as u64;
         let version = ContentVersion {
             dev: 0,
@@ -164,10 +165,12 @@ impl Upload {
         if let Some(data) = slot.as_ref() {
             return Ok(data.clone());
         }
-        let data = Arc::new(ChunkData::open(&self.dir).map_err(|source| UploadError::Data {
-            array_id: self.array_id(),
-            source,
-        })?);
+        let data = Arc::new(
+            ChunkData::open(&self.dir).map_err(|source| UploadError::Data {
+                array_id: self.array_id(),
+                source,
+            })?,
+        );
         *slot = Some(data.clone());
         Ok(data)
     }
@@ -287,8 +290,12 @@ impl Uploads {
             let path = entry.path();
             if !live.contains(&path) {
                 match std::fs::remove_dir_all(&path) {
-                    Ok(()) => tracing::info!(dir = %path.display(), "removed the storage of a discarded upload"),
-                    Err(err) => tracing::warn!(dir = %path.display(), error = %err, "cannot remove the storage of a discarded upload"),
+                    Ok(()) => {
+                        tracing::info!(dir = %path.display(), "removed the storage of a discarded upload")
+                    }
+                    Err(err) => {
+                        tracing::warn!(dir = %path.display(), error = %err, "cannot remove the storage of a discarded upload")
+                    }
                 }
             }
         }
@@ -387,10 +394,16 @@ impl Uploads {
             .map(|&d| u64::try_from(d))
             .collect::<Result<Vec<u64>, _>>()
             .map_err(|_| {
-                UploadError::invalid(CALL, format!("shape {:?} has a negative axis", request.shape))
+                UploadError::invalid(
+                    CALL,
+                    format!("shape {:?} has a negative axis", request.shape),
+                )
             })?;
         if shape.is_empty() {
-            return Err(UploadError::invalid(CALL, "shape has no axes: a tensor has at least one"));
+            return Err(UploadError::invalid(
+                CALL,
+                "shape has no axes: a tensor has at least one",
+            ));
         }
         let itemsize = dtype.itemsize as u64;
         let bytes = shape
@@ -427,7 +440,9 @@ impl Uploads {
                      for the server's default",
                 ));
             }
-            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => Some(ttl.min(SCRATCH_MAX_TTL_SECONDS)),
+            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => {
+                Some(ttl.min(SCRATCH_MAX_TTL_SECONDS))
+            }
             None if new.source_id == SCRATCH_SOURCE_ID => Some(SCRATCH_MAX_TTL_SECONDS),
             other => other,
         };
@@ -489,7 +504,12 @@ impl Uploads {
                 requested
                     .iter()
                     .zip(shape)
-                    .map(|(&c, &d)| u64::try_from(c).ok().filter(|&c| c >= 1).map(|c| c.min(d.max(1))))
+                    .map(|(&c, &d)| {
+                        u64::try_from(c)
+                            .ok()
+                            .filter(|&c| c >= 1)
+                            .map(|c| c.min(d.max(1)))
+                    })
                     .collect()
             })
             .flatten();
@@ -606,7 +626,10 @@ impl Uploads {
         let Some(upload) = self.get(id.array_id()) else {
             return Err(UploadError::invalid(
                 call,
-                format!("the ticket names '{}', which is not an upload", id.array_id()),
+                format!(
+                    "the ticket names '{}', which is not an upload",
+                    id.array_id()
+                ),
             ));
         };
         if id.version() != upload.version {
@@ -621,7 +644,10 @@ impl Uploads {
         if id.scale().is_some() {
             return Err(UploadError::invalid(
                 call,
-                format!("scaled chunks of the upload '{}' are not served", id.array_id()),
+                format!(
+                    "scaled chunks of the upload '{}' are not served",
+                    id.array_id()
+                ),
             ));
         }
         let Some(cell) = upload.grid.cell_index(id.region()) else {
@@ -645,9 +671,15 @@ impl Uploads {
         const CALL: &str = "DoPut";
         let upload = &target.upload;
         let cell = target.id.region();
-        let elements: u64 = cell.start.iter().zip(&cell.stop).map(|(a, b)| b - a).product();
-        let buffers = batch::chunk_bytes(batches, &upload.dtype, elements)
-            .map_err(|r| UploadError::invalid(CALL, format!("chunk of '{}': {r}", target.id.array_id())))?;
+        let elements: u64 = cell
+            .start
+            .iter()
+            .zip(&cell.stop)
+            .map(|(a, b)| b - a)
+            .product();
+        let buffers = batch::chunk_bytes(batches, &upload.dtype, elements).map_err(|r| {
+            UploadError::invalid(CALL, format!("chunk of '{}': {r}", target.id.array_id()))
+        })?;
         let slices: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice()).collect();
         let chunk_bytes = elements * upload.dtype.itemsize as u64;
         let data = upload.data()?;
@@ -708,7 +740,12 @@ impl Uploads {
         key.extend_from_slice(b"zeros");
         if !data.contains(&key) {
             let region = target.id.region();
-            let elements: u64 = region.start.iter().zip(&region.stop).map(|(a, b)| b - a).product();
+            let elements: u64 = region
+                .start
+                .iter()
+                .zip(&region.stop)
+                .map(|(a, b)| b - a)
+                .product();
             let zeros = vec![0u8; (elements * upload.dtype.itemsize as u64) as usize];
             data.append(&key, &upload.meta_of(region), &[&zeros])
                 .map_err(|source| UploadError::Data {
@@ -722,10 +759,15 @@ impl Uploads {
     /// The chunk's IPC message (do_get). Blocking.
     pub fn read(&self, target: &ChunkTarget) -> Result<EntryBytes, UploadError> {
         let (data, key) = self.key_for_read(target)?;
-        let missing = || UploadError::invalid(
-            "read",
-            format!("a chunk of '{}' is missing from its store", target.id.array_id()),
-        );
+        let missing = || {
+            UploadError::invalid(
+                "read",
+                format!(
+                    "a chunk of '{}' is missing from its store",
+                    target.id.array_id()
+                ),
+            )
+        };
         data.read(&key)
             .map_err(|source| UploadError::Data {
                 array_id: target.id.array_id().to_string(),
@@ -740,7 +782,10 @@ impl Uploads {
         data.locate(&key).ok_or_else(|| {
             UploadError::invalid(
                 "chunk_locate",
-                format!("a chunk of '{}' is missing from its store", target.id.array_id()),
+                format!(
+                    "a chunk of '{}' is missing from its store",
+                    target.id.array_id()
+                ),
             )
         })
     }
@@ -781,7 +826,9 @@ impl Uploads {
                         table.remove(&array_id);
                         tracing::info!(%array_id, "discarded upload forgotten; its name is free");
                     }
-                    Err(err) => tracing::warn!(%array_id, error = %err, "cannot forget a discarded upload"),
+                    Err(err) => {
+                        tracing::warn!(%array_id, error = %err, "cannot forget a discarded upload")
+                    }
                 }
             }
         }

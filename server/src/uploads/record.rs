@@ -120,10 +120,13 @@ pub struct UploadRecord {
 
 impl UploadRecord {
     /// Unix seconds after which a discarded upload's name is free again: its granted
-    /// lifetime after the discard (`default_secs` when it had none).
-    pub fn tombstone_until(&self, default_secs: u64) -> Option<u64> {
+    /// lifetime after the discard, at most `max_secs` (`max_secs` when it had none).
+    pub fn tombstone_until(&self, max_secs: u64) -> Option<u64> {
         let at = self.discarded_at?;
-        Some(at.saturating_add(self.ttl_seconds.map_or(default_secs, u64::from)))
+        let lasts = self
+            .ttl_seconds
+            .map_or(max_secs, |t| u64::from(t).min(max_secs));
+        Some(at.saturating_add(lasts))
     }
 }
 
