@@ -3,6 +3,7 @@ set_upload_status, get_upload_status, reads back on both routes, restart, SIGKIL
 TTL, refusals and the token."""
 import os
 import signal
+import subprocess
 import time
 
 import dask.array as da
@@ -316,3 +317,45 @@ def test_ttl_expires_discards_then_frees_the_name(start_server, tmp_path):
         time.sleep(0.2)
     again = client.setup_array_upload("cache://scratch/@fields/short", arr)
     assert again.array_id == desc.array_id
+
+
+def test_a_full_disk_refuses_cleanly_and_keeps_what_was_acked(tmp_path):
+    """The state directory on a 6 MiB tmpfs: chunks are refused once it is full, the
+    upload stays PENDING with exactly the acknowledged chunks, which read back exactly,
+    and discarding it frees the room."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot mount a tmpfs for the full-disk test: {mounted.stderr}")
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr}")
+    server = None
+    try:
+        server = Server([tmp_path, "--cache-dir", tmp_path / "cache", "--writable",
+                         "--state-dir", mount / "state"])
+        client = client_for(server)
+        rng = np.random.default_rng(5)
+        arr = rng.integers(0, 255, (12, 1024, 1024), dtype=np.uint8)
+        desc = client.setup_array_upload("cache://scratch/@fields/big", arr, chunk_shape=(1, 1024, 1024))
+        acked = 0
+        with pytest.raises(flight.FlightUnavailableError, match="full"):
+            for i in range(12):
+                client.upload_chunk(desc, ChunkBounds(start=[i, 0, 0], stop=[i + 1, 1024, 1024]), arr[i:i + 1])
+                acked += 1
+        assert 0 < acked < 12
+        status = client.get_upload_status(desc.array_id)
+        assert (status["state"], status["uploaded_chunks"]) == ("PENDING", acked), status
+        client.set_upload_status(desc, "READY")
+        got = client.get_tensor(desc.array_id, slice_hint=(slice(0, acked), slice(None), slice(None))).compute()
+        assert got.tobytes() == arr[:acked].tobytes()
+        client.set_upload_status(desc, "DISCARDED")
+        small = np.arange(1000, dtype=np.uint16)
+        again = client.setup_array_upload("cache://scratch/@fields/after", small)
+        assert client.upload_array(again, small)["state"] == "READY"
+        read_back(client, again.array_id, small)
+    finally:
+        if server is not None:
+            assert server.stop() == 0, "".join(server.log)
+        subprocess.run(["umount", str(mount)], check=False)

@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use tessera_segments::{EntryBytes, EntryMeta, Location, Store, StoreError, StoreOptions};
 
-/// A budget no upload reaches, so the store never evicts (user data is never evicted;
-/// uploads are bounded by their own limits instead).
-const NEVER_EVICT_BYTES: u64 = 1 << 62;
+/// The nominal budget of an upload's store; it keeps everything regardless
+/// (`with_keep_all`: user data is never evicted, not even when the disk is full; uploads
+/// are bounded by their own limits instead).
+const NOMINAL_BYTES: u64 = 1 << 62;
 
 /// Why the upload's bytes could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -41,15 +42,15 @@ pub enum DataError {
 impl DataError {
     /// Whether the filesystem is full (or over quota).
     pub fn is_disk_full(&self) -> bool {
-        let io = match self {
-            DataError::Store {
-                source: StoreError::Io { source, .. },
-                ..
-            } => source,
-            DataError::Sync { source, .. } => source,
-            DataError::Store { .. } => return false,
-        };
-        matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        match self {
+            DataError::Store { source, .. } => source.is_disk_full(),
+            DataError::Sync { source, .. } => {
+                matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT)
+                )
+            }
+        }
     }
 }
 
@@ -66,7 +67,8 @@ impl ChunkData {
     pub fn open(dir: &Path) -> Result<ChunkData, DataError> {
         let store = Store::open(
             StoreOptions::new(dir)
-                .with_max_bytes(NEVER_EVICT_BYTES)
+                .with_max_bytes(NOMINAL_BYTES)
+                .with_keep_all(true)
                 .with_file_mode(0o600),
         )
         .map_err(|source| DataError::Store {
