@@ -359,3 +359,32 @@ def test_a_full_disk_refuses_cleanly_and_keeps_what_was_acked(tmp_path):
         if server is not None:
             assert server.stop() == 0, "".join(server.log)
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("layout", ["c", "fortran", "big_endian"])
+def test_tessera_put_uploads_a_npy_that_reads_back_exactly(layout, start_server, tmp_path):
+    from conftest import tessera_bin
+    server = start_server(tmp_path, extra=WRITABLE + ("--token", TOKEN, "--chunk-target", "64KiB"))
+    rng = np.random.default_rng(6)
+    arr = rng.integers(-30000, 30000, (7, 120, 90), dtype="<i2")
+    if layout == "fortran":
+        arr = np.asfortranarray(arr)
+    elif layout == "big_endian":
+        arr = arr.astype(">i2")
+    path = tmp_path / f"{layout}.npy"
+    np.save(path, arr)
+    env = {**os.environ, "TESSERA_TOKEN": TOKEN}
+    done = subprocess.run([tessera_bin(), "put", server.location, f"scratch/@fields/{layout}", str(path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "READY" in done.stdout, done.stdout
+    client = client_for(server, token=TOKEN)
+    got = client.get_tensor(f"scratch/@fields/{layout}").compute()
+    assert got.dtype == np.dtype("<i2")
+    np.testing.assert_array_equal(got, arr)
+    listed = subprocess.run([tessera_bin(), "ls", server.location], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert f"scratch/@fields/{layout}" in listed.stdout, listed.stdout
+    again = subprocess.run([tessera_bin(), "put", server.location, f"scratch/@fields/{layout}", str(path)],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 1 and "already taken" in again.stderr, again.stderr
