@@ -107,6 +107,30 @@ impl ServiceState {
             .ok_or_else(|| ServiceError::UnknownSource(array_id.to_string()))
     }
 
+    /// The READY uploads as catalog rows.
+    fn upload_rows(&self) -> Vec<catalog::tables::UploadRow> {
+        self.ready_uploads()
+            .into_iter()
+            .map(|u| {
+                let array_id = u.array_id();
+                let source_id = array_id
+                    .split_once('/')
+                    .map_or_else(|| array_id.clone(), |(s, _)| s.to_string());
+                catalog::tables::UploadRow {
+                    source_id,
+                    dim_labels: u.dim_labels(),
+                    shape: u.shape().to_vec(),
+                    chunk_shape: u.grid().chunk_shape().to_vec(),
+                    dtype: u.dtype_str(),
+                    nbytes: u.version().size,
+                    path: u.data_dir().display().to_string(),
+                    content_version: catalog::tables::version_hex(u.version()),
+                    array_id,
+                }
+            })
+            .collect()
+    }
+
     /// The READY uploads (listed beside the sources).
     pub fn ready_uploads(&self) -> Vec<Arc<Upload>> {
         self.uploads.as_ref().map(|u| u.ready()).unwrap_or_default()
@@ -299,7 +323,7 @@ impl ServiceState {
     /// whose file changed on disk (one `stat` per source).
     pub fn catalog_snapshot(&self) -> catalog::Snapshot {
         self.sources.refresh_changed();
-        catalog::Snapshot::of(&self.sources.read())
+        catalog::Snapshot::of(&self.sources.read()).with_uploads(self.upload_rows())
     }
 
     /// Runs a catalog SQL query over the current registry.

@@ -203,8 +203,22 @@ def test_upload_onto_a_served_source(start_server, tmp_path):
     desc = client.setup_array_upload("cache://image/@fields/mask", arr)
     assert desc.array_id == "image/@fields/mask"
     assert not desc.HasField("ttl_seconds")
+    rows = client.query("SELECT array_id FROM tensors", format="records")
+    assert [r["array_id"] for r in rows] == ["image"], rows  # PENDING: not listed
     client.upload_array(desc, arr)
     read_back(client, desc.array_id, arr)
+    # READY: a row of `tensors` and a tensor of its source in `sources`.
+    rows = client.query("SELECT array_id, source_id, shape, dtype, nbytes FROM tensors ORDER BY array_id",
+                        format="records")
+    assert rows[1] == {"array_id": "image/@fields/mask", "source_id": "image", "shape": [6, 8],
+                       "dtype": "<u2", "nbytes": 96}, rows
+    sources = client.query("SELECT source_id, tensors FROM sources", format="records")
+    assert [t["array_id"] for t in sources[0]["tensors"]] == ["image", "image/@fields/mask"], sources
+    scratch = np.ones(5, dtype=np.uint8)
+    client.upload_array(client.setup_array_upload("cache://scratch/@fields/s", scratch), scratch)
+    ids = [r["source_id"] for r in client.query("SELECT source_id FROM sources ORDER BY source_id",
+                                                format="records")]
+    assert ids == ["image", "scratch"], ids
 
 
 def test_read_only_server_refuses_writes_naming_the_flag(start_server, tmp_path):

@@ -135,6 +135,11 @@ impl Upload {
         self.version
     }
 
+    /// The directory of its segment store.
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where it stands.
     pub fn state(&self) -> State {
         self.record.lock().state
