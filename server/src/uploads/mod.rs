@@ -849,3 +849,98 @@ fn sweep_loop(uploads: Weak<Uploads>) {
         uploads.sweep();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use arrow_array::UInt16Array;
+
+    fn chunk_of(upload: &Upload, cell: u64) -> (Vec<u8>, RecordBatch) {
+        let region = upload.grid().cell_at(cell).unwrap();
+        let id = ChunkId::new(upload.array_id(), upload.version(), region.clone()).unwrap();
+        let n: u64 = region.shape().iter().product();
+        let values: Vec<u16> = (0..n).map(|i| (i + 1000 * cell) as u16).collect();
+        let column: Arc<dyn arrow_array::Array> = Arc::new(UInt16Array::from(values));
+        (
+            id.encode(),
+            RecordBatch::try_from_iter([("data", column)]).unwrap(),
+        )
+    }
+
+    #[test]
+    fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
+        let tmp = tempfile::tempdir().unwrap();
+        let request = TensorDescriptor {
+            array_id: "cache://scratch/@fields/t".to_string(),
+            shape: vec![4, 6],
+            dtype: "<u2".to_string(),
+            chunk_shape: vec![2, 6],
+            ..Default::default()
+        };
+        let array_id = "scratch/@fields/t";
+        {
+            let uploads = Uploads::open(tmp.path(), 1 << 20).unwrap();
+            let desc = uploads.add(&request, |_| false).unwrap();
+            assert_eq!(desc.array_id, array_id);
+            assert_eq!(desc.ttl_seconds, Some(SCRATCH_MAX_TTL_SECONDS));
+            assert!(matches!(
+                uploads.add(&request, |_| false),
+                Err(UploadError::Taken { .. })
+            ));
+            let upload = uploads.get(array_id).unwrap();
+            let (ticket, batch) = chunk_of(&upload, 0);
+            let target = uploads.put_target(&ticket).unwrap();
+            uploads.put(&target, &[batch]).unwrap();
+            assert_eq!(upload.status().uploaded_chunks, 1);
+            assert_eq!(upload.status().expected_chunks, 2);
+        }
+        let uploads = Uploads::open(tmp.path(), 1 << 20).unwrap();
+        let upload = uploads.get(array_id).unwrap();
+        assert_eq!(upload.state(), State::Pending);
+        assert_eq!(upload.status().uploaded_chunks, 1);
+        let (ticket, _) = chunk_of(&upload, 1);
+        let id = ChunkId::decode(&ticket).unwrap();
+        assert!(matches!(
+            uploads.read_target(&id),
+            Err(UploadError::NotReadable { .. })
+        ));
+        uploads.set_status(array_id, State::Ready, "").unwrap();
+        assert!(matches!(
+            uploads.set_status(array_id, State::Pending, ""),
+            Err(UploadError::Backwards { .. })
+        ));
+        assert!(matches!(
+            uploads.put_target(&ticket),
+            Err(UploadError::Closed {
+                state: State::Ready,
+                ..
+            })
+        ));
+        // The chunk sent reads back; the cell never sent reads as zeros.
+        let (sent, _) = chunk_of(&upload, 0);
+        let entry = uploads
+            .read(
+                &uploads
+                    .read_target(&ChunkId::decode(&sent).unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
+        assert!(entry.body.windows(4).any(|w| w == [0, 0, 1, 0]));
+        let zeros = uploads.read(&uploads.read_target(&id).unwrap()).unwrap();
+        assert!(zeros.body.windows(24).any(|w| w.iter().all(|&b| b == 0)));
+        assert!(upload.data_dir().exists());
+        uploads
+            .set_status(array_id, State::Discarded, "done")
+            .unwrap();
+        assert!(!upload.data_dir().exists());
+        assert!(matches!(
+            uploads.set_status(array_id, State::Ready, ""),
+            Err(UploadError::Closed {
+                state: State::Discarded,
+                ..
+            })
+        ));
+        assert_eq!(uploads.status(array_id).unwrap().reason, "done");
+    }
+}
