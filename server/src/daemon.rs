@@ -346,7 +346,13 @@ fn open_uploads(
     let opened = dir
         .part("uploads")
         .map_err(DaemonError::from)
-        .and_then(|part| Ok(Uploads::open(&part, config.chunk_target)?));
+        .and_then(|part| {
+            Ok(Uploads::open(
+                &part,
+                config.chunk_target,
+                config.upload_max_ttl,
+            )?)
+        });
     match opened {
         Ok(uploads) => Ok(Some(uploads)),
         Err(err) if config.writable => Err(err),

@@ -453,3 +453,12 @@ def test_sigkill_mid_upload_array_keeps_exactly_the_acked_chunks(tmp_path):
         assert exact == status["uploaded_chunks"], (exact, status)
     finally:
         assert server2.stop() == 0, "".join(server2.log)
+
+
+def test_scratch_lifetimes_are_capped_by_upload_max_ttl(start_server, tmp_path):
+    server = start_server(tmp_path, extra=WRITABLE + ("--upload-max-ttl", "1m"))
+    client = client_for(server)
+    arr = np.zeros(10, dtype=np.uint8)
+    assert client.setup_array_upload("cache://scratch/@fields/a", arr, ttl_seconds=3600).ttl_seconds == 60
+    assert client.setup_array_upload("cache://scratch/@fields/b", arr).ttl_seconds == 60
+    assert client.setup_array_upload("cache://scratch/@fields/c", arr, ttl_seconds=5).ttl_seconds == 5

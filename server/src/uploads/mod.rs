@@ -46,10 +46,6 @@ use record::{Move, Refusal};
 /// Largest tensor an upload may declare: 1 TiB.
 pub const MAX_UPLOAD_BYTES: u64 = 1 << 40;
 
-/// The longest lifetime an upload to the scratch source is granted (and the lifetime of
-/// one that asks for none): 7 days.
-pub const SCRATCH_MAX_TTL_SECONDS: u32 = 7 * 24 * 3600;
-
 /// How long a discarded upload keeps its name at most (a tombstone stragglers can still
 /// learn the reason from): its own lifetime when shorter, else one hour.
 pub const TOMBSTONE_SECONDS: u64 = 3600;
@@ -226,6 +222,8 @@ pub struct Uploads {
     table: RwLock<HashMap<String, Arc<Upload>>>,
     /// Grid target for uploads whose requested chunk shape is not usable.
     target_chunk_bytes: u64,
+    /// The longest lifetime of an upload to `scratch` (and of one there asking for none).
+    scratch_max_ttl: u32,
     last_uid: AtomicU64,
 }
 
@@ -233,8 +231,13 @@ impl Uploads {
     /// Opens the uploads of the state directory part `dir` (manifest and data), removes
     /// the storage of discarded and orphaned uploads, discards what expired while the
     /// server was down, and starts the sweep. Uploads whose requested chunk shape cannot
-    /// be used are cut on grids of about `target_chunk_bytes`.
-    pub fn open(dir: &Path, target_chunk_bytes: u64) -> Result<Arc<Uploads>, UploadError> {
+    /// be used are cut on grids of about `target_chunk_bytes`; uploads to `scratch` live
+    /// at most `scratch_max_ttl` (`upload_max_ttl`).
+    pub fn open(
+        dir: &Path,
+        target_chunk_bytes: u64,
+        scratch_max_ttl: Duration,
+    ) -> Result<Arc<Uploads>, UploadError> {
         let data_root = dir.join("data");
         std::fs::create_dir_all(&data_root).map_err(|source| UploadError::Io {
             action: "create",
@@ -262,6 +265,9 @@ impl Uploads {
             data_root,
             table: RwLock::new(table),
             target_chunk_bytes,
+            scratch_max_ttl: u32::try_from(scratch_max_ttl.as_secs())
+                .unwrap_or(u32::MAX)
+                .max(1),
             last_uid: AtomicU64::new(last_uid),
         });
         uploads.remove_orphan_dirs();
@@ -445,10 +451,8 @@ impl Uploads {
                      for the server's default",
                 ));
             }
-            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => {
-                Some(ttl.min(SCRATCH_MAX_TTL_SECONDS))
-            }
-            None if new.source_id == SCRATCH_SOURCE_ID => Some(SCRATCH_MAX_TTL_SECONDS),
+            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => Some(ttl.min(self.scratch_max_ttl)),
+            None if new.source_id == SCRATCH_SOURCE_ID => Some(self.scratch_max_ttl),
             other => other,
         };
         let now = unix_now();
@@ -880,10 +884,10 @@ mod tests {
         };
         let array_id = "scratch/@fields/t";
         {
-            let uploads = Uploads::open(tmp.path(), 1 << 20).unwrap();
+            let uploads = Uploads::open(tmp.path(), 1 << 20, Duration::from_secs(600)).unwrap();
             let desc = uploads.add(&request, |_| false).unwrap();
             assert_eq!(desc.array_id, array_id);
-            assert_eq!(desc.ttl_seconds, Some(SCRATCH_MAX_TTL_SECONDS));
+            assert_eq!(desc.ttl_seconds, Some(600));
             assert!(matches!(
                 uploads.add(&request, |_| false),
                 Err(UploadError::Taken { .. })
@@ -895,7 +899,7 @@ mod tests {
             assert_eq!(upload.status().uploaded_chunks, 1);
             assert_eq!(upload.status().expected_chunks, 2);
         }
-        let uploads = Uploads::open(tmp.path(), 1 << 20).unwrap();
+        let uploads = Uploads::open(tmp.path(), 1 << 20, Duration::from_secs(600)).unwrap();
         let upload = uploads.get(array_id).unwrap();
         assert_eq!(upload.state(), State::Pending);
         assert_eq!(upload.status().uploaded_chunks, 1);
