@@ -1,8 +1,10 @@
 //! The commands of the `tessera` binary that talk to a running server, written on
-//! [`tessera_client::Client`]: `get`, `ls` and `stats` ([`remote`]) and `warm` ([`warm`]).
+//! [`tessera_client::Client`]: `get`, `ls` and `stats` ([`remote`]), `warm` ([`warm`]) and
+//! `put` ([`put`]).
 //! `tessera serve` runs [`tessera_server::daemon::Daemon`]; `main.rs` only parses flags.
 
 pub mod errors;
 mod progress;
+pub mod put;
 pub mod remote;
 pub mod warm;

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
-use tessera_cli::{errors, warm};
+use tessera_cli::{errors, put, warm};
 use tessera_server::config::{LogFormat, ServeArgs, ServeConfig};
 use tessera_server::daemon::Daemon;
 use tracing_subscriber::EnvFilter;
@@ -47,6 +47,11 @@ enum Command {
     /// Every chunk goes through `chunk_locate` (decoded and written to the file cache if
     /// cold); a progress line is drawn on a terminal and a summary printed at the end.
     Warm(WarmArgs),
+    /// Upload a .npy file to a --writable server and publish it (READY).
+    ///
+    /// ARRAY_ID is `[cache://]<source>/@fields/<name>`, e.g. `scratch/@fields/result`;
+    /// the file is sent chunk by chunk on the server's grid with a progress line.
+    Put(PutArgs),
     /// Work with config files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -66,6 +71,20 @@ struct WarmArgs {
     /// Warm the computed pyramid levels the server advertises instead of full resolution.
     #[arg(long)]
     levels: bool,
+}
+
+/// Arguments of `tessera put`.
+#[derive(clap::Args)]
+struct PutArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The upload's id: `[cache://]<source>/@fields/<name>`.
+    array_id: String,
+    /// The .npy file to upload.
+    file: std::path::PathBuf,
+    /// Lifetime in seconds (the server may cap it).
+    #[arg(long, value_name = "SECONDS")]
+    ttl: Option<u32>,
 }
 
 /// `tessera config ...`.
@@ -240,6 +259,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 &args.output,
                 args.no_mmap,
+                args.remote.credentials(),
+            )
+            .await?;
+            println!("{summary}");
+        }
+        Command::Put(args) => {
+            let summary = put::put(
+                &args.remote.location,
+                &args.array_id,
+                &args.file,
+                args.ttl,
                 args.remote.credentials(),
             )
             .await?;

@@ -242,7 +242,11 @@ impl Client {
     }
 
     /// Runs an action and returns its first result body (`None`: empty stream).
-    async fn action(&self, kind: &str, body: Vec<u8>) -> Result<Option<Bytes>, tonic::Status> {
+    pub(crate) async fn action(
+        &self,
+        kind: &str,
+        body: Vec<u8>,
+    ) -> Result<Option<Bytes>, tonic::Status> {
         let action = Action {
             r#type: kind.to_string(),
             body: body.into(),

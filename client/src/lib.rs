@@ -40,6 +40,7 @@ mod options;
 mod pins;
 mod plan;
 mod region;
+mod upload;
 
 pub use catalog::RefusedSource;
 pub use chunk::{ChunkOrigin, ChunkView};
@@ -58,3 +59,4 @@ pub use options::{
 pub use plan::{Plan, PlannedChunk, check_tiling};
 pub use region::{Region, Selection, parse_region, parse_selection};
 pub use tessera_proto::json::{CacheStats, ChunkLocateReply};
+pub use upload::upload_arrow_type;

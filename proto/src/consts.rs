@@ -60,6 +60,14 @@ pub const ACTION_REMOVE_SOURCE: &str = "remove_source";
 /// `RoiPruneResult` (annotations of tensors not served for N days, deleted with `apply`).
 pub const ACTION_ROI_PRUNE: &str = "roi_prune";
 
+/// DoAction type of `client.setup_array_upload`: a `TensorDescriptor` declaring the tensor;
+/// the one reply is the server's `TensorDescriptor` for it (grid, lifetime, status).
+pub const ACTION_ADD_TENSOR: &str = "add_tensor";
+
+/// DoAction type of `client.set_upload_status`: a `SetUploadStatus`; the one reply is the
+/// `UploadStatus` (all unset for an id that is no upload).
+pub const ACTION_SET_UPLOAD_STATUS: &str = "set_upload_status";
+
 /// Prefix of the error text for an action the server does not know. The
 /// client matches on "Unknown action" to stop probing `chunk_locate` and to
 /// report other actions as "server too old".

@@ -62,11 +62,11 @@ impl Inner {
     /// more than one segment (see the module docs).
     pub(crate) fn admit(&self, bytes: u64) -> Reservation<'_> {
         let budget = self.limit();
-        let limit = budget
-            + self
-                .segment_bytes
+        let limit = budget.saturating_add(
+            self.segment_bytes
                 .saturating_sub(SEGMENT_OVERHEAD)
-                .max(bytes);
+                .max(bytes),
+        );
         let mut reserved = self.budget.reserved.lock();
         let mut deadline: Option<Instant> = None;
         loop {

@@ -33,8 +33,12 @@ impl StoreError {
 }
 
 impl Inner {
-    /// The bytes the store evicts down to: the budget, or less while the disk is full.
+    /// The bytes the store evicts down to: the budget, or less while the disk is full;
+    /// unlimited for a store that keeps everything.
     pub(crate) fn limit(&self) -> u64 {
+        if self.keep_all {
+            return u64::MAX;
+        }
         self.max_bytes.min(self.ceiling.load(Ordering::Relaxed))
     }
 

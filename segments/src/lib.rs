@@ -67,6 +67,9 @@
 //!   `DIR/recency`), never an open one; the budget is also enforced at open. Appends are
 //!   admitted against it: while the cache would pass its budget by more than one segment,
 //!   an append waits for eviction, so eviction cannot fall behind appends.
+//! * A store opened with [`StoreOptions::with_keep_all`] (users' data, not a cache) never
+//!   evicts: neither its budget nor a full disk removes anything; an append the filesystem
+//!   cannot take fails.
 //! * A full filesystem (ENOSPC, EDQUOT) stops the store growing, a second failure lowers its
 //!   budget a quarter below what it holds, and eviction raises it again as free space
 //!   returns (`diskfull`).

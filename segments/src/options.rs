@@ -28,6 +28,7 @@ pub struct StoreOptions {
     pub(crate) open_segments: usize,
     pub(crate) allow_network_fs: bool,
     pub(crate) verify_on_read: bool,
+    pub(crate) keep_all: bool,
     pub(crate) file_mode: u32,
     pub(crate) fault: Option<Arc<dyn FaultInjector>>,
 }
@@ -42,6 +43,7 @@ impl StoreOptions {
             open_segments: DEFAULT_OPEN_SEGMENTS,
             allow_network_fs: false,
             verify_on_read: false,
+            keep_all: false,
             file_mode: DEFAULT_FILE_MODE,
             fault: None,
         }
@@ -78,6 +80,14 @@ impl StoreOptions {
     /// Verify each entry's crc32c in [`crate::Store::read`]; default false.
     pub fn with_verify_on_read(mut self, verify: bool) -> Self {
         self.verify_on_read = verify;
+        self
+    }
+
+    /// Never evict (default false): for a store of users' data rather than a cache. The
+    /// budget and a full disk then limit nothing: an append the filesystem cannot take
+    /// fails, and nothing stored is ever removed by the store.
+    pub fn with_keep_all(mut self, keep_all: bool) -> Self {
+        self.keep_all = keep_all;
         self
     }
 

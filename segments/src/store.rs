@@ -54,6 +54,8 @@ pub(crate) struct Inner {
     pub segment_bytes: u64,
     pub mode: u32,
     pub verify_on_read: bool,
+    /// Never evict ([`StoreOptions::with_keep_all`]).
+    pub keep_all: bool,
     pub fault: Option<Arc<dyn FaultInjector>>,
     /// Held for the store's lifetime: the `flock` on `DIR/lock`.
     pub lock: File,
@@ -208,6 +210,7 @@ impl Store {
             segment_bytes,
             mode: opts.file_mode,
             verify_on_read: opts.verify_on_read,
+            keep_all: opts.keep_all,
             fault: opts.fault,
             lock,
             schema,

@@ -40,7 +40,8 @@
 //! refused) and `add_source_max_files = 10000`.
 //!
 //! Writes: `writable = true` accepts uploads; `state_dir = "/var/lib/tessera"` holds what
-//! users write (uploads, annotations), never evicted.
+//! users write (uploads, annotations), never evicted; `upload_max_ttl = "168h"` caps the
+//! lifetime of uploads to the scratch source.
 //!
 //! Operations keys: `watch = false` (sources are rescanned by default) and
 //! `watch_interval = "2s"` (live directories),
@@ -70,6 +71,9 @@ use crate::watch::DEFAULT_WATCH_INTERVAL;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default time a new connection has to send its first bytes.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default longest lifetime of an upload to the scratch source: 7 days.
+pub const DEFAULT_UPLOAD_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 pub mod effective;
 
@@ -224,6 +228,8 @@ pub struct ConfigFile {
     pub writable: Option<bool>,
     /// Directory of users' data (uploads, annotations): never evicted.
     pub state_dir: Option<PathBuf>,
+    /// Longest lifetime of an upload to the scratch source (a duration).
+    pub upload_max_ttl: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -372,6 +378,10 @@ pub struct ServeArgs {
     /// cache [default: $XDG_DATA_HOME/tessera or ~/.local/share/tessera].
     #[arg(long, env = "TESSERA_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Longest lifetime of an upload to the scratch source, and the lifetime of one that
+    /// asks for none, e.g. 168h [default: 168h].
+    #[arg(long, env = "TESSERA_UPLOAD_MAX_TTL", value_name = "DURATION")]
+    pub upload_max_ttl: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -433,6 +443,8 @@ pub struct ServeConfig {
     pub writable: bool,
     /// Directory of users' data (uploads, annotations).
     pub state_dir: PathBuf,
+    /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
+    pub upload_max_ttl: Duration,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -475,6 +487,7 @@ impl ServeConfig {
             runtime: RuntimeRoots::default(),
             writable: false,
             state_dir: default_state_dir(),
+            upload_max_ttl: DEFAULT_UPLOAD_MAX_TTL,
         }
     }
 
@@ -534,6 +547,18 @@ impl ServeConfig {
             file_sources(file.sources, file.source)?
         } else {
             (args.paths, BTreeMap::new())
+        };
+        let upload_max_ttl = match args.upload_max_ttl.or(file.upload_max_ttl) {
+            Some(s) => {
+                let ttl = parse_duration(&s)?;
+                if ttl < Duration::from_secs(1) {
+                    return Err(ConfigError::Invalid(format!(
+                        "upload_max_ttl '{s}' is under one second: an upload needs a lifetime"
+                    )));
+                }
+                ttl
+            }
+            None => DEFAULT_UPLOAD_MAX_TTL,
         };
         let watch_interval = match args.watch_interval.or(file.watch_interval) {
             Some(s) => parse_duration(&s)?,
@@ -660,6 +685,7 @@ impl ServeConfig {
                 .state_dir
                 .or(file.state_dir)
                 .unwrap_or_else(default_state_dir),
+            upload_max_ttl,
         })
     }
 }

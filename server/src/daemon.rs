@@ -23,6 +23,7 @@ use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
 use crate::state_dir::{StateDir, StateDirError};
 use crate::tls::TlsIdentity;
+use crate::uploads::Uploads;
 use crate::watch::Watcher;
 
 /// Largest message the server sends: a 64 MiB chunk plus its header, with room to spare.
@@ -64,6 +65,9 @@ pub enum DaemonError {
     /// The state directory of a writable server cannot be used.
     #[error("{0}")]
     StateDir(#[from] StateDirError),
+    /// The uploads kept in the state directory cannot be opened.
+    #[error("uploads: {0}")]
+    Uploads(#[from] crate::uploads::UploadError),
     /// The chunk cache could not be set up.
     #[error("chunk cache: {0}")]
     Cache(String),
@@ -121,6 +125,7 @@ impl Daemon {
         let store = open_store(config, &holder)?;
         let state_dir = open_state_dir(config, &holder)?;
         let annotations = open_annotations(config, state_dir.as_deref());
+        let uploads = open_uploads(config, state_dir.as_deref())?;
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
@@ -155,7 +160,8 @@ impl Daemon {
                 .with_metrics(metrics)
                 .with_runtime_roots(config.runtime.clone())
                 .with_writes(config.writable, state_dir)
-                .with_annotations(annotations),
+                .with_annotations(annotations)
+                .with_uploads(uploads),
         );
         let tree_state = state.clone();
         // The catalog tree of the first scan, built before the first call needs it.
@@ -384,6 +390,35 @@ fn open_annotations(
         Err(why) => {
             tracing::warn!(error = %why, "serving without ROI annotations");
             Err(why)
+        }
+    }
+}
+
+/// The uploads kept in the state directory's `uploads` part. A failure stops a
+/// `--writable` server; a read-only one serves without them.
+fn open_uploads(
+    config: &ServeConfig,
+    state_dir: Option<&StateDir>,
+) -> Result<Option<Arc<Uploads>>, DaemonError> {
+    let Some(dir) = state_dir else {
+        return Ok(None);
+    };
+    let opened = dir
+        .part("uploads")
+        .map_err(DaemonError::from)
+        .and_then(|part| {
+            Ok(Uploads::open(
+                &part,
+                config.chunk_target,
+                config.upload_max_ttl,
+            )?)
+        });
+    match opened {
+        Ok(uploads) => Ok(Some(uploads)),
+        Err(err) if config.writable => Err(err),
+        Err(err) => {
+            tracing::warn!(error = %err, "serving without the uploads of the state directory");
+            Ok(None)
         }
     }
 }

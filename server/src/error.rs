@@ -53,6 +53,21 @@ pub enum ServiceError {
     /// A server-side failure: I/O error, broken cache, bug.
     #[error("{0}")]
     Internal(String),
+    /// A write to an upload that takes no more chunks (sealed by READY, or DISCARDED).
+    /// Travels as CANCELLED with the `extra_info` JSON `{reason, state, source_id, detail}`
+    /// (`reason` is `upload_sealed` or `upload_discarded`), which the biopb client raises as
+    /// `UploadRefused`.
+    #[error("{message}")]
+    UploadClosed {
+        /// The whole message.
+        message: String,
+        /// The upload.
+        array_id: String,
+        /// `READY` or `DISCARDED`.
+        state: &'static str,
+        /// The discard's reason; empty for a sealed upload.
+        detail: String,
+    },
     /// An addressing or argument refusal of a call whose client code converts no Flight
     /// error (the `resolve` action: `resolve_source`), which users must still meet as
     /// `ValueError`, as on reads: sent as a bare INVALID_ARGUMENT (no Arrow trailers, no
@@ -95,6 +110,24 @@ impl ServiceError {
             Self::UnknownAction(_) | Self::Unsupported(_) | Self::Catalog(_) => {
                 (Code::Unknown, "Failed", None)
             }
+            Self::UploadClosed {
+                array_id,
+                state,
+                detail,
+                ..
+            } => (
+                Code::Cancelled,
+                "Cancelled",
+                Some(Bytes::from(
+                    serde_json::json!({
+                        "reason": if *state == "READY" { "upload_sealed" } else { "upload_discarded" },
+                        "state": state,
+                        "source_id": array_id,
+                        "detail": detail,
+                    })
+                    .to_string(),
+                )),
+            ),
             Self::Unavailable(_) => (Code::Unavailable, "Unavailable", None),
             Self::Internal(_) => (Code::Internal, "Internal", None),
         }

@@ -36,4 +36,5 @@ pub mod source;
 pub mod state;
 pub mod state_dir;
 pub mod tls;
+pub mod uploads;
 pub mod watch;

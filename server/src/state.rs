@@ -26,6 +26,8 @@ use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
 use crate::state_dir::StateDir;
+use crate::uploads::{ChunkTarget, Upload, Uploads, is_upload_id};
+use tessera_proto::pb::{TensorDescriptor, UploadStatus};
 
 /// Most annotations a catalog query over the `rois` table loads.
 const MAX_SQL_ROIS: usize = 1_000_000;
@@ -50,6 +52,8 @@ pub struct ServiceState {
     state_dir: Option<Arc<StateDir>>,
     /// The ROI annotation store, or why there is none.
     annotations: Result<Arc<Annotations>, String>,
+    /// The uploads kept in the state directory.
+    uploads: Option<Arc<Uploads>>,
 }
 
 impl ServiceState {
@@ -72,6 +76,7 @@ impl ServiceState {
             annotations: Err(
                 "this server has no state directory to keep annotations in".to_string()
             ),
+            uploads: None,
         }
     }
 
@@ -86,6 +91,124 @@ impl ServiceState {
         self.annotations.clone().map_err(|why| {
             ServiceError::Unavailable(format!("ROI annotations are unavailable: {why}"))
         })
+    }
+
+    /// Serves the uploads kept in the state directory (READY ones are readable even when
+    /// the server is not `--writable`).
+    pub fn with_uploads(mut self, uploads: Option<Arc<Uploads>>) -> Self {
+        self.uploads = uploads;
+        self
+    }
+
+    /// The uploads, for a call that writes: refused on a read-only server, naming the flag.
+    pub fn uploads_for_write(&self, call: &str) -> ServiceResult<&Arc<Uploads>> {
+        if !self.writable {
+            return Err(ServiceError::Unsupported(format!(
+                "{call} refused: this server is read-only; start it with --writable \
+                 (TESSERA_WRITABLE=true, or writable = true in its config file) to accept uploads"
+            )));
+        }
+        self.uploads.as_ref().ok_or_else(|| {
+            ServiceError::Unavailable(format!(
+                "{call} refused: this server has no usable state directory to keep uploads in \
+                 (see its log; choose one with --state-dir DIR)"
+            ))
+        })
+    }
+
+    /// The upload `array_id` names, when it names one (`<source>/@fields/<name>`); such an
+    /// id that names no upload is refused as unknown.
+    pub fn upload(&self, array_id: &str) -> ServiceResult<Option<Arc<Upload>>> {
+        if !is_upload_id(array_id) {
+            return Ok(None);
+        }
+        self.uploads
+            .as_ref()
+            .and_then(|uploads| uploads.get(array_id))
+            .map(Some)
+            .ok_or_else(|| ServiceError::UnknownSource(array_id.to_string()))
+    }
+
+    /// The READY uploads as catalog rows.
+    fn upload_rows(&self) -> Vec<catalog::tables::UploadRow> {
+        self.ready_uploads()
+            .into_iter()
+            .map(|u| {
+                let array_id = u.array_id();
+                let source_id = array_id
+                    .split_once('/')
+                    .map_or_else(|| array_id.clone(), |(s, _)| s.to_string());
+                catalog::tables::UploadRow {
+                    source_id,
+                    dim_labels: u.dim_labels(),
+                    shape: u.shape().to_vec(),
+                    chunk_shape: u.grid().chunk_shape().to_vec(),
+                    dtype: u.dtype_str(),
+                    nbytes: u.version().size,
+                    path: u.data_dir().display().to_string(),
+                    content_version: catalog::tables::version_hex(u.version()),
+                    array_id,
+                }
+            })
+            .collect()
+    }
+
+    /// The READY uploads (listed beside the sources).
+    pub fn ready_uploads(&self) -> Vec<Arc<Upload>> {
+        self.uploads.as_ref().map(|u| u.ready()).unwrap_or_default()
+    }
+
+    /// `add_tensor`: declares an upload on a served source or on `scratch`.
+    pub fn add_tensor(&self, request: &TensorDescriptor) -> ServiceResult<TensorDescriptor> {
+        let uploads = self.uploads_for_write("add_tensor")?;
+        Ok(uploads.add(request, |source_id| self.resolve(source_id).is_ok())?)
+    }
+
+    /// `set_upload_status`: `None` answers UNKNOWN (discarding an id that is no upload).
+    pub fn set_upload_status(
+        &self,
+        array_id: &str,
+        state: crate::uploads::State,
+        reason: &str,
+    ) -> ServiceResult<Option<UploadStatus>> {
+        let uploads = self.uploads_for_write("set_upload_status")?;
+        Ok(uploads.set_status(array_id, state, reason)?)
+    }
+
+    /// The READY upload chunk a ticket names, or `None` when the ticket is not an upload's.
+    fn upload_read_target(&self, chunk_id: &[u8]) -> ServiceResult<Option<ChunkTarget>> {
+        let id = ChunkId::decode(chunk_id)
+            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
+        if !is_upload_id(id.array_id()) {
+            return Ok(None);
+        }
+        let Some(uploads) = self.uploads.as_ref() else {
+            return Err(ServiceError::UnknownSource(id.array_id().to_string()));
+        };
+        Ok(Some(uploads.read_target(&id)?))
+    }
+
+    /// Where the chunk a ticket names lives in a segment file (`chunk_locate`), decoding
+    /// it first if it is cold. `Err(reason)` inside the `Ok`: use `do_get`.
+    pub async fn locate_chunk(
+        &self,
+        chunk_id: &[u8],
+    ) -> ServiceResult<Result<tessera_segments::Location, String>> {
+        if let Some(target) = self.upload_read_target(chunk_id)? {
+            let uploads = self.uploads.clone();
+            let located =
+                tokio::task::spawn_blocking(move || uploads.map(|u| u.locate(&target)).transpose())
+                    .await
+                    .map_err(|e| {
+                        ServiceError::Internal(format!("locating an upload chunk: {e}"))
+                    })??;
+            self.chunks.count_served(true);
+            return located
+                .map(Ok)
+                .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()));
+        }
+        let (tensor, id) = self.resolve_chunk(chunk_id)?;
+        self.chunks.locate(&tensor, &id).await
     }
 
     /// Lets clients write, keeping what they write in `state_dir` (default: read-only, no
@@ -222,7 +345,7 @@ impl ServiceState {
     /// whose file changed on disk (one `stat` per source).
     pub fn catalog_snapshot(&self) -> catalog::Snapshot {
         self.sources.refresh_changed();
-        catalog::Snapshot::of(&self.sources.read())
+        catalog::Snapshot::of(&self.sources.read()).with_uploads(self.upload_rows())
     }
 
     /// Runs a catalog SQL query over the current registry.
@@ -326,6 +449,21 @@ impl ServiceState {
         chunk_id: &[u8],
         loopback: bool,
     ) -> ServiceResult<EncodedChunk> {
+        if let Some(target) = self.upload_read_target(chunk_id)? {
+            let uploads = self.uploads.clone();
+            let entry =
+                tokio::task::spawn_blocking(move || uploads.map(|u| u.read(&target)).transpose())
+                    .await
+                    .map_err(|e| ServiceError::Internal(format!("reading an upload chunk: {e}")))??
+                    .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
+            let chunk = EncodedChunk {
+                header: entry.header,
+                body: entry.body,
+            };
+            self.metrics.record_do_get_bytes(chunk.len() as u64);
+            self.chunks.count_served(false);
+            return Ok(chunk);
+        }
         let (tensor, id) = self.resolve_chunk(chunk_id)?;
         let fine_cell = match id.scale() {
             None => tensor.grid.is_cell(id.region()),

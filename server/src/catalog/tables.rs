@@ -5,6 +5,10 @@
 //! * `tensors`: one row per served tensor, with the serving details (chunk grid,
 //!   byte size, path, content version) that `sources` leaves out.
 //! * `rois`: one row per stored ROI annotation (loaded only for a query that names it).
+//!
+//! READY uploads (`<source_id>/@fields/<name>`) are tensors of their source: rows of
+//! `tensors`, and entries of their source's `sources.tensors` (the `scratch` source gets a
+//! row of its own while it holds any).
 
 use std::sync::{Arc, LazyLock};
 
@@ -17,6 +21,7 @@ use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
 use crate::rois::store::StoredRoi;
 use crate::source::registry::{Refused, Registry, Tensor};
+use crate::uploads::SCRATCH_SOURCE_ID;
 
 pub use crate::source::origin::file_url;
 
@@ -42,25 +47,78 @@ pub const SOURCE_ROW_COLUMNS: [&str; 5] = [
 /// The only source type Tessera serves.
 const SOURCE_TYPE: &str = "npy";
 
+/// A READY upload as the catalog lists it.
+#[derive(Clone, Debug)]
+pub struct UploadRow {
+    /// `<source_id>/@fields/<name>`.
+    pub array_id: String,
+    /// The source it was added to.
+    pub source_id: String,
+    /// Axis labels.
+    pub dim_labels: Vec<String>,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Its grid's chunk shape.
+    pub chunk_shape: Vec<u64>,
+    /// numpy dtype string.
+    pub dtype: String,
+    /// Payload bytes.
+    pub nbytes: u64,
+    /// Where its bytes are kept.
+    pub path: String,
+    /// Content version, as the hex of `tensors.content_version`.
+    pub content_version: String,
+}
+
 /// What the catalog tables are built from: the served tensors and refused files
-/// of the registry at one moment.
+/// of the registry at one moment, and the READY uploads.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     tensors: Vec<Arc<Tensor>>,
     refused: Vec<Refused>,
     rois: Arc<Vec<RoiRow>>,
+    uploads: Vec<UploadRow>,
 }
 
 /// One stored annotation: its tensor, its id and its record.
 pub type RoiRow = (String, String, StoredRoi);
 
 impl Snapshot {
+    /// Adds the READY uploads.
+    pub fn with_uploads(mut self, uploads: Vec<UploadRow>) -> Snapshot {
+        self.uploads = uploads;
+        self
+    }
+
+    /// Every tensor row: the sources' tensors and the uploads, in `array_id` order.
+    fn tensor_rows(&self) -> Vec<UploadRow> {
+        let mut rows: Vec<UploadRow> = self
+            .tensors
+            .iter()
+            .map(|t| UploadRow {
+                array_id: t.array_id.clone(),
+                source_id: t.source_id.clone(),
+                dim_labels: t.dim_labels.clone(),
+                shape: t.shape().to_vec(),
+                chunk_shape: t.grid.chunk_shape().to_vec(),
+                dtype: t.dtype_str(),
+                nbytes: t.file.header().element_count().saturating_mul(t.itemsize()),
+                path: t.file.path().display().to_string(),
+                content_version: content_version(t),
+            })
+            .chain(self.uploads.iter().cloned())
+            .collect();
+        rows.sort_by(|a, b| a.array_id.cmp(&b.array_id));
+        rows
+    }
+
     /// Copies what the catalog needs out of `registry` (cheap: `Arc` clones).
     pub fn of(registry: &Registry) -> Snapshot {
         Snapshot {
             tensors: registry.tensors().cloned().collect(),
             refused: registry.refused().cloned().collect(),
             rois: Arc::default(),
+            uploads: Vec::new(),
         }
     }
 
@@ -76,13 +134,15 @@ impl Snapshot {
             tensors: registry.get(id).cloned().into_iter().collect(),
             refused: registry.refused_source(id).cloned().into_iter().collect(),
             rois: Arc::default(),
+            uploads: Vec::new(),
         }
     }
 
     /// Rows of the largest catalog table (`sources` has one per source, resolved or not;
     /// `tensors` one per tensor): an upper bound for what one table scan produces.
     pub fn max_table_rows(&self) -> u64 {
-        (self.tensors.len() + self.refused.len()).max(self.rois.len()) as u64
+        (self.tensors.len() + self.refused.len() + 2 * self.uploads.len()).max(self.rois.len())
+            as u64
     }
 
     /// Longest list a catalog table holds: a tensor's `shape`, `dim_labels` or chunk shape,
@@ -98,6 +158,14 @@ impl Snapshot {
                 .max(*count)
                 .max(t.shape().len() as u64)
                 .max(t.dim_labels.len() as u64);
+        }
+        for u in &self.uploads {
+            let count = per_source.entry(u.source_id.as_str()).or_default();
+            *count += 1;
+            longest = longest
+                .max(*count)
+                .max(u.shape.len() as u64)
+                .max(u.dim_labels.len() as u64);
         }
         longest
     }
@@ -239,7 +307,8 @@ static ROIS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// The `sources` table: served and refused files merged in `source_id` order.
+/// The `sources` table: served and refused files (and `scratch` while it holds uploads)
+/// merged in `source_id` order.
 pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
     let mut rows: Vec<SourceRow<'_>> = snapshot
         .tensors
@@ -257,16 +326,57 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
             reason: Some(&r.reason),
         }))
         .collect();
+    let scratch_served = rows.iter().any(|r| r.source_id == SCRATCH_SOURCE_ID);
+    if !scratch_served
+        && snapshot
+            .uploads
+            .iter()
+            .any(|u| u.source_id == SCRATCH_SOURCE_ID)
+    {
+        rows.push(SourceRow {
+            source_id: SCRATCH_SOURCE_ID,
+            url: format!("{SCRATCH_SOURCE_ID}://"),
+            tensor: None,
+            reason: None,
+        });
+    }
     rows.sort_by(|a, b| a.source_id.cmp(b.source_id));
 
-    let served: Vec<&Tensor> = rows.iter().filter_map(|r| r.tensor).collect();
+    // Each row's tensors: its own (a served file), then the uploads added to it.
+    let per_row: Vec<Vec<UploadRow>> = rows
+        .iter()
+        .map(|r| {
+            let own = r.tensor.map(|t| UploadRow {
+                array_id: t.array_id.clone(),
+                source_id: t.source_id.clone(),
+                dim_labels: t.dim_labels.clone(),
+                shape: t.shape().to_vec(),
+                chunk_shape: Vec::new(),
+                dtype: t.dtype_str(),
+                nbytes: 0,
+                path: String::new(),
+                content_version: String::new(),
+            });
+            let served = r.tensor.is_some() || r.source_id == SCRATCH_SOURCE_ID;
+            own.into_iter()
+                .chain(
+                    snapshot
+                        .uploads
+                        .iter()
+                        .filter(|u| served && u.source_id == r.source_id)
+                        .cloned(),
+                )
+                .collect()
+        })
+        .collect();
+    let listed: Vec<&UploadRow> = per_row.iter().flatten().collect();
     let elements = StructArray::try_new(
         tensor_struct_fields(),
         vec![
-            strings(served.iter().map(|t| t.array_id.as_str())),
-            string_lists(served.iter().map(|t| t.dim_labels.as_slice())),
-            int_lists(served.iter().map(|t| dims(t.shape()))),
-            strings_owned(served.iter().map(|t| t.dtype_str())),
+            strings(listed.iter().map(|t| t.array_id.as_str())),
+            string_lists(listed.iter().map(|t| t.dim_labels.as_slice())),
+            int_lists(listed.iter().map(|t| dims(&t.shape))),
+            strings(listed.iter().map(|t| t.dtype.as_str())),
         ],
         None,
     )?;
@@ -275,7 +385,7 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
             DataType::Struct(tensor_struct_fields()),
             true,
         )),
-        OffsetBuffer::from_lengths(rows.iter().map(|r| usize::from(r.tensor.is_some()))),
+        OffsetBuffer::from_lengths(per_row.iter().map(Vec::len)),
         Arc::new(elements),
         None,
     )?;
@@ -283,9 +393,15 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
     let columns: Vec<ArrayRef> = vec![
         strings(rows.iter().map(|r| r.source_id)),
         strings(rows.iter().map(|r| r.url.as_str())),
-        strings(rows.iter().map(|_| SOURCE_TYPE)),
+        strings(rows.iter().map(|r| {
+            if r.tensor.is_none() && r.reason.is_none() {
+                SCRATCH_SOURCE_ID
+            } else {
+                SOURCE_TYPE
+            }
+        })),
         Arc::new(BooleanArray::from_iter(
-            rows.iter().map(|r| Some(r.tensor.is_some())),
+            rows.iter().map(|r| Some(r.reason.is_none())),
         )),
         Arc::new(tensors),
         Arc::new(StringArray::from_iter(
@@ -296,30 +412,28 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
     RecordBatch::try_new(sources_schema(), columns)
 }
 
-/// The `tensors` table: one row per served tensor, in `array_id` order.
+/// The `tensors` table: one row per served tensor and READY upload, in `array_id` order.
 pub fn tensors_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
-    let tensors = &snapshot.tensors;
+    let tensors = snapshot.tensor_rows();
     let columns: Vec<ArrayRef> = vec![
         strings(tensors.iter().map(|t| t.array_id.as_str())),
         strings(tensors.iter().map(|t| t.source_id.as_str())),
         string_lists(tensors.iter().map(|t| t.dim_labels.as_slice())),
-        int_lists(tensors.iter().map(|t| dims(t.shape()))),
-        int_lists(tensors.iter().map(|t| dims(t.grid.chunk_shape()))),
-        strings_owned(tensors.iter().map(|t| t.dtype_str())),
+        int_lists(tensors.iter().map(|t| dims(&t.shape))),
+        int_lists(tensors.iter().map(|t| dims(&t.chunk_shape))),
+        strings(tensors.iter().map(|t| t.dtype.as_str())),
         Arc::new(Int64Array::from_iter_values(
-            tensors.iter().map(|t| nbytes(t)),
+            tensors
+                .iter()
+                .map(|t| i64::try_from(t.nbytes).unwrap_or(i64::MAX)),
         )),
-        strings_owned(tensors.iter().map(|t| t.file.path().display().to_string())),
-        strings_owned(tensors.iter().map(|t| content_version(t))),
+        strings(tensors.iter().map(|t| t.path.as_str())),
+        strings(tensors.iter().map(|t| t.content_version.as_str())),
     ];
     RecordBatch::try_new(tensors_schema(), columns)
 }
 
 fn strings<'a>(values: impl Iterator<Item = &'a str>) -> ArrayRef {
-    Arc::new(StringArray::from_iter_values(values))
-}
-
-fn strings_owned(values: impl Iterator<Item = String>) -> ArrayRef {
     Arc::new(StringArray::from_iter_values(values))
 }
 
@@ -352,16 +466,14 @@ fn dims(values: &[u64]) -> Vec<i64> {
         .collect()
 }
 
-/// The tensor's payload size in bytes (saturating, as [`dims`]).
-fn nbytes(tensor: &Tensor) -> i64 {
-    let elements = tensor.file.header().element_count();
-    i64::try_from(elements.saturating_mul(tensor.itemsize())).unwrap_or(i64::MAX)
-}
-
 /// The content version as lowercase hex of the 32 bytes `TensorDescriptor.content_version`
 /// carries: device, inode, size and mtime in nanoseconds, each big-endian.
 fn content_version(tensor: &Tensor) -> String {
-    let v = tensor.version;
+    version_hex(tensor.version)
+}
+
+/// A content version as the lowercase hex of `tensors.content_version`.
+pub fn version_hex(v: crate::chunk_id::ContentVersion) -> String {
     format!(
         "{:016x}{:016x}{:016x}{:016x}",
         v.dev, v.ino, v.size, v.mtime_ns as u64
@@ -385,6 +497,36 @@ mod tests {
     }
 
     #[test]
+    fn uploads_are_tensors_of_their_source_and_scratch_gets_a_row() {
+        let upload = UploadRow {
+            array_id: "scratch/@fields/a".to_string(),
+            source_id: "scratch".to_string(),
+            dim_labels: vec!["x".to_string()],
+            shape: vec![10],
+            chunk_shape: vec![5],
+            dtype: "<u2".to_string(),
+            nbytes: 20,
+            path: "/state/uploads/data/1".to_string(),
+            content_version: "00".to_string(),
+        };
+        let orphan = UploadRow {
+            array_id: "gone/@fields/b".to_string(),
+            source_id: "gone".to_string(),
+            ..upload.clone()
+        };
+        let snapshot = Snapshot::default().with_uploads(vec![upload, orphan]);
+        let sources = sources_batch(&snapshot).unwrap();
+        assert_eq!(sources.num_rows(), 1);
+        let tensors = sources
+            .column(4)
+            .as_any()
+            .downcast_ref::<ListArray>()
+            .unwrap();
+        assert_eq!(tensors.value_length(0), 1);
+        assert_eq!(tensors_batch(&snapshot).unwrap().num_rows(), 2);
+    }
+
+    #[test]
     fn refused_files_are_unresolved_rows_with_their_reason() {
         let snapshot = Snapshot {
             tensors: Vec::new(),
@@ -396,6 +538,7 @@ mod tests {
                 after_change: false,
                 origin: Default::default(),
             }],
+            uploads: Vec::new(),
         };
         let batch = sources_batch(&snapshot).unwrap();
         assert_eq!(batch.num_rows(), 1);

@@ -211,6 +211,17 @@ impl ChunkService {
         Ok(chunk)
     }
 
+    /// Counts a chunk served from elsewhere (an upload's store) in the `locates` or
+    /// `do_gets` figure of `cache_stats`, which count requests by route.
+    pub fn count_served(&self, located: bool) {
+        let counter = if located {
+            &self.locates
+        } else {
+            &self.do_gets
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Where the chunk lives in a segment file, decoding it first if it is cold.
     /// `Err(reason)` inside the `Ok` means the file cache cannot locate it: the
     /// client should use `do_get`.

@@ -82,6 +82,10 @@ pub fn render(config: &ServeConfig) -> String {
     );
     top.insert("writable".into(), Value::Boolean(config.writable));
     top.insert("state_dir".into(), path_value(&config.state_dir));
+    top.insert(
+        "upload_max_ttl".into(),
+        Value::String(format_duration(config.upload_max_ttl)),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;

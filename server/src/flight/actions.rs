@@ -8,15 +8,15 @@ use arrow_flight::ActionType;
 use bytes::Bytes;
 use prost::Message;
 use tessera_proto::consts::{
-    ACTION_ADD_SOURCE, ACTION_CACHE_STATS, ACTION_CATALOG_CHILDREN, ACTION_CHUNK_LOCATE,
-    ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE, ACTION_ROI_PRUNE, FLIGHT_PROTOCOL_VERSION,
-    HEALTH_STATUS_SERVING, SERVER_NAME,
+    ACTION_ADD_SOURCE, ACTION_ADD_TENSOR, ACTION_CACHE_STATS, ACTION_CATALOG_CHILDREN,
+    ACTION_CHUNK_LOCATE, ACTION_HEALTH, ACTION_REMOVE_SOURCE, ACTION_RESOLVE, ACTION_ROI_PRUNE,
+    ACTION_SET_UPLOAD_STATUS, FLIGHT_PROTOCOL_VERSION, HEALTH_STATUS_SERVING, SERVER_NAME,
 };
 use tessera_proto::json::{ChunkLocateReply, Health};
 use tessera_proto::pb::{
     AddSourceFailure, AddSourceProgress, AddSourceRequest, AddSourceResult, AddSourceStreamMessage,
     RemoveSourceRequest, RemoveSourceResult, ResolveProgress, ResolveStreamMessage,
-    add_source_stream_message, resolve_stream_message,
+    SetUploadStatus, TensorDescriptor, add_source_stream_message, resolve_stream_message,
 };
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
 
@@ -56,6 +56,14 @@ pub fn action_types() -> Vec<ActionType> {
             "Report (and with apply, delete) annotations of tensors not served for N days \
              (RoiPruneRequest to RoiPruneResult).",
         ),
+        (
+            ACTION_ADD_TENSOR,
+            "Declare an upload cache://<source>/@fields/<name> (TensorDescriptor in and out; --writable).",
+        ),
+        (
+            ACTION_SET_UPLOAD_STATUS,
+            "Move an upload to READY or DISCARDED (SetUploadStatus to UploadStatus; --writable).",
+        ),
     ]
     .into_iter()
     .map(|(name, description)| ActionType {
@@ -80,6 +88,8 @@ pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceR
         ACTION_CATALOG_CHILDREN => json(&catalog_children(state, body)?),
         ACTION_REMOVE_SOURCE => remove_source(state, body),
         ACTION_ROI_PRUNE => super::roi::prune(state, body).await,
+        ACTION_ADD_TENSOR => add_tensor(state, body),
+        ACTION_SET_UPLOAD_STATUS => set_upload_status(state, body),
         other => Err(ServiceError::UnknownAction(other.to_string())),
     }
 }
@@ -245,6 +255,29 @@ fn add_result(report: AddReport) -> AddSourceResult {
     }
 }
 
+/// Declares an upload: the request's `TensorDescriptor` in, the server's out.
+fn add_tensor(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
+    let request = TensorDescriptor::decode(body).map_err(|e| {
+        ServiceError::InvalidArgument(format!("add_tensor takes a TensorDescriptor: {e}"))
+    })?;
+    Ok(Bytes::from(state.add_tensor(&request)?.encode_to_vec()))
+}
+
+/// Moves an upload along its ladder; an unset `UploadStatus` answers UNKNOWN.
+fn set_upload_status(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
+    let request = SetUploadStatus::decode(body).map_err(|e| {
+        ServiceError::InvalidArgument(format!("set_upload_status takes a SetUploadStatus: {e}"))
+    })?;
+    let Some(to) = crate::uploads::State::from_wire(request.state) else {
+        return Err(ServiceError::InvalidArgument(format!(
+            "set_upload_status: {} is not a state to move to (PENDING, READY or DISCARDED)",
+            request.state
+        )));
+    };
+    let status = state.set_upload_status(&request.array_id, to, &request.reason)?;
+    Ok(Bytes::from(status.unwrap_or_default().encode_to_vec()))
+}
+
 /// Removes the runtime sources at or under a `dnd://` url.
 fn remove_source(state: &Arc<ServiceState>, body: &[u8]) -> ServiceResult<Bytes> {
     let request = RemoveSourceRequest::decode(body).map_err(|e| {
@@ -305,8 +338,7 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
             ));
         }
     };
-    let (tensor, id) = state.resolve_chunk(&chunk_id)?;
-    Ok(match state.chunks().locate(&tensor, &id).await? {
+    Ok(match state.locate_chunk(&chunk_id).await? {
         Ok(location) => {
             state.metrics().record_located_bytes(location.byte_length);
             state.note_locate();

@@ -110,6 +110,9 @@ impl TesseraFlight {
             DescriptorType::Cmd => {
                 let request = decode_flight_request(&descriptor.cmd)
                     .map_err(|e| malformed_command(&descriptor.cmd, &e))?;
+                if let Some(upload) = self.state.upload(&request.array_id)? {
+                    return plan::plan_upload(&upload, &request, &request.encode_to_vec());
+                }
                 let tensor = self.state.resolve(&request.array_id)?;
                 plan::plan(
                     &tensor,
@@ -131,6 +134,11 @@ impl TesseraFlight {
                 if let Some(info) = catalog::wire::table_flight_info(name)? {
                     return Ok(info);
                 }
+                if let Some(upload) = self.state.upload(name)? {
+                    return Ok(
+                        plan_upload_whole(&upload, name)?.with_descriptor(descriptor.clone())
+                    );
+                }
                 let tensor = self.state.resolve(name)?;
                 Ok(self
                     .plan_whole(&tensor, name, route)?
@@ -146,6 +154,15 @@ impl TesseraFlight {
 /// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
 /// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
 /// message shows the PATH form that names a tensor by id.
+/// The whole-tensor plan of an upload, as ListFlights and a PATH descriptor answer it.
+fn plan_upload_whole(upload: &crate::uploads::Upload, array_id: &str) -> ServiceResult<FlightInfo> {
+    let request = TensorReadOption {
+        array_id: array_id.to_string(),
+        ..Default::default()
+    };
+    plan::plan_upload(upload, &request, &request.encode_to_vec())
+}
+
 fn malformed_command(cmd: &[u8], err: &tessera_proto::ProtoError) -> ServiceError {
     let bare_id = std::str::from_utf8(cmd).ok().filter(|text| {
         !text.is_empty()
@@ -223,6 +240,12 @@ impl FlightService for TesseraFlight {
             let info = self
                 .plan_whole(&tensor, &tensor.array_id, route)?
                 .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
+            infos.push(info);
+        }
+        for upload in self.state.ready_uploads() {
+            let array_id = upload.array_id();
+            let info = plan_upload_whole(&upload, &array_id)?
+                .with_descriptor(FlightDescriptor::new_path(vec![array_id]));
             infos.push(info);
         }
         Ok(Response::new(once(infos)))

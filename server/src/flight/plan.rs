@@ -24,9 +24,11 @@ use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use prost::Message;
 use tessera_proto::pb::{ChunkBounds, PyramidLevel, SliceHint, TensorDescriptor, TensorReadOption};
 
-use tessera_proto::consts::MASK_IS_RESIDENT;
+use tessera_proto::consts::{
+    MASK_ENDPOINTS, MASK_IS_RESIDENT, MASK_METADATA_JSON, MASK_PYRAMID, MASK_UPLOAD_STATUS,
+};
 
-use crate::chunk_id::ChunkId;
+use crate::chunk_id::{ChunkId, ContentVersion};
 use crate::error::{ServiceError, ServiceResult};
 use crate::grid::{ChunkGrid, Region};
 use crate::route::Route;
@@ -34,6 +36,7 @@ use crate::scaled::pyramid::PyramidPolicy;
 use crate::scaled::{Method, Scale, ScaleError};
 use crate::source::npy::Kind;
 use crate::source::registry::Tensor;
+use crate::uploads::Upload;
 
 /// Optional parts of the reply a request's field mask selects.
 #[derive(Debug, Default)]
@@ -68,16 +71,18 @@ impl Mask {
 }
 
 /// Validates the request's slice against the tensor and returns the requested region.
-fn requested_region(tensor: &Tensor, slice: Option<&SliceHint>) -> ServiceResult<Option<Region>> {
+fn requested_region(
+    array_id: &str,
+    shape: &[u64],
+    slice: Option<&SliceHint>,
+) -> ServiceResult<Option<Region>> {
     let Some(slice) = slice else {
         return Ok(None);
     };
-    let shape = tensor.shape();
     let rank = shape.len();
     if slice.start.len() != rank || slice.stop.len() != rank {
         return Err(ServiceError::InvalidArgument(format!(
-            "slice_hint of '{}' has {} start and {} stop values, but the tensor has {rank} axes",
-            tensor.array_id,
+            "slice_hint of '{array_id}' has {} start and {} stop values, but the tensor has {rank} axes",
             slice.start.len(),
             slice.stop.len()
         )));
@@ -88,8 +93,7 @@ fn requested_region(tensor: &Tensor, slice: Option<&SliceHint>) -> ServiceResult
         let valid = a >= 0 && b >= a && (b as u64) <= dim;
         if !valid {
             return Err(ServiceError::InvalidArgument(format!(
-                "slice_hint of '{}' on axis {axis} is [{a}, {b}), outside [0, {dim}]",
-                tensor.array_id
+                "slice_hint of '{array_id}' on axis {axis} is [{a}, {b}), outside [0, {dim}]"
             )));
         }
         start.push(a as u64);
@@ -156,7 +160,11 @@ pub fn plan(
         }
     };
     let mask = Mask::from_request(request);
-    let requested = requested_region(tensor, request.slice_hint.as_ref())?;
+    let requested = requested_region(
+        &tensor.array_id,
+        tensor.shape(),
+        request.slice_hint.as_ref(),
+    )?;
     let whole = Region::whole(tensor.shape());
     let realized = match &requested {
         Some(region) => grid.snap(region).map_err(|e| {
@@ -194,7 +202,7 @@ pub fn plan(
         } else {
             Vec::new()
         },
-        content_version: Some(version_bytes(tensor)),
+        content_version: Some(version_bytes(tensor.version)),
         physical_scale: tensor.meta.physical_scale.clone(),
         physical_unit: tensor.meta.physical_unit.clone(),
         is_resident: mask.is_resident.then(|| is_resident(tensor)),
@@ -210,7 +218,107 @@ pub fn plan(
         .with_total_records(-1)
         .with_total_bytes(-1);
     if mask.endpoints {
-        info = info.with_endpoints(endpoints(tensor, grid, &realized, scale.as_ref())?);
+        info = info.with_endpoints(endpoints(
+            &tensor.array_id,
+            tensor.version,
+            grid,
+            &realized,
+            scale.as_ref(),
+        )?);
+    }
+    Ok(info)
+}
+
+/// Builds the FlightInfo answering `request` for an uploaded tensor: planned on its one
+/// grid (the cells its chunks were written as) at any state, so a producer can plan its
+/// writes while it is PENDING and a poller read its status (`upload_status` mask) at any
+/// state. Scaled reads of uploads are refused.
+pub fn plan_upload(
+    upload: &Upload,
+    request: &TensorReadOption,
+    request_bytes: &[u8],
+) -> ServiceResult<FlightInfo> {
+    let array_id = request.array_id.as_str();
+    if request.scale_hint.iter().any(|&f| f > 1) {
+        return Err(ServiceError::InvalidArgument(format!(
+            "read of '{array_id}' refused: scaled reads (scale_hint) of uploaded tensors are not \
+             served; read it at full resolution"
+        )));
+    }
+    let grid = upload.grid();
+    let shape = upload.shape();
+    let requested = requested_region(array_id, shape, request.slice_hint.as_ref())?;
+    let realized = match &requested {
+        Some(region) => grid
+            .snap(region)
+            .map_err(|e| ServiceError::InvalidArgument(format!("slice of '{array_id}': {e}")))?,
+        None => Region::whole(shape),
+    };
+    let slice_hint =
+        (requested.is_some() || realized.start.iter().any(|&s| s > 0)).then(|| SliceHint {
+            start: to_i64(&realized.start),
+            stop: to_i64(&realized.stop),
+        });
+    let has = |p: &str| {
+        request
+            .fields
+            .as_ref()
+            .is_none_or(|mask| mask.paths.iter().any(|x| x == p))
+    };
+    let native = PyramidLevel {
+        shape: to_i64(shape),
+        scale_hint: vec![1; shape.len()],
+        reduction_method: Method::Nearest.name().to_string(),
+        native: true,
+    };
+    let descriptor = TensorDescriptor {
+        array_id: array_id.to_string(),
+        dim_labels: upload.dim_labels(),
+        shape: to_i64(&realized.shape()),
+        chunk_shape: to_i64(grid.chunk_shape()),
+        dtype: upload.dtype_str(),
+        slice_hint,
+        metadata_json: if has(MASK_METADATA_JSON) {
+            serde_json::json!({
+                "format": "upload",
+                "dtype": upload.dtype_str(),
+                "shape": shape,
+                "chunk_shape": grid.chunk_shape(),
+            })
+            .to_string()
+        } else {
+            String::new()
+        },
+        pyramid: if has(MASK_PYRAMID) {
+            vec![native]
+        } else {
+            Vec::new()
+        },
+        content_version: Some(version_bytes(upload.version())),
+        upload_status: has(MASK_UPLOAD_STATUS).then(|| upload.status()),
+        is_resident: request
+            .fields
+            .as_ref()
+            .is_some_and(|m| m.paths.iter().any(|x| x == MASK_IS_RESIDENT))
+            .then_some(true),
+        ttl_seconds: upload.ttl_seconds(),
+        ..Default::default()
+    };
+    let mut info = FlightInfo::new()
+        .try_with_schema(&tessera_proto::schema::plan_schema())
+        .map_err(|e| ServiceError::Internal(format!("encoding the plan schema: {e}")))?
+        .with_descriptor(FlightDescriptor::new_cmd(descriptor.encode_to_vec()))
+        .with_app_metadata(request_bytes.to_vec())
+        .with_total_records(-1)
+        .with_total_bytes(-1);
+    if has(MASK_ENDPOINTS) {
+        info = info.with_endpoints(endpoints(
+            array_id,
+            upload.version(),
+            grid,
+            &realized,
+            None,
+        )?);
     }
     Ok(info)
 }
@@ -243,15 +351,16 @@ fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel>
 /// One endpoint per cell of `grid` in the realized region, in C order; for a scaled
 /// read (`grid` is then the scaled read grid) the bounds are in the reduced frame.
 pub fn endpoints(
-    tensor: &Tensor,
+    array_id: &str,
+    version: ContentVersion,
     grid: &ChunkGrid,
     realized: &Region,
     scale: Option<&Scale>,
 ) -> ServiceResult<Vec<FlightEndpoint>> {
     let factors = |a: usize| scale.map_or(1, |s| s.factors()[a]);
-    let cells = grid.cells(realized).map_err(|e| {
-        ServiceError::InvalidArgument(format!("region of '{}': {e}", tensor.array_id))
-    })?;
+    let cells = grid
+        .cells(realized)
+        .map_err(|e| ServiceError::InvalidArgument(format!("region of '{array_id}': {e}")))?;
     cells
         .map(|cell| {
             let bounds = ChunkBounds {
@@ -271,10 +380,8 @@ pub fn endpoints(
                     .collect(),
             };
             let id = match scale {
-                None => ChunkId::new(tensor.array_id.clone(), tensor.version, cell),
-                Some(scale) => {
-                    ChunkId::scaled(tensor.array_id.clone(), tensor.version, cell, scale.clone())
-                }
+                None => ChunkId::new(array_id, version, cell),
+                Some(scale) => ChunkId::scaled(array_id, version, cell, scale.clone()),
             }
             .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
             Ok(FlightEndpoint::new()
@@ -294,8 +401,7 @@ fn is_resident(tensor: &Tensor) -> bool {
 
 /// The content version as the descriptor reports it (informational for clients; what a
 /// ROI ticket's grant is sealed over).
-pub fn version_bytes(tensor: &Tensor) -> Vec<u8> {
-    let v = tensor.version;
+pub fn version_bytes(v: ContentVersion) -> Vec<u8> {
     let mut out = Vec::with_capacity(32);
     out.extend_from_slice(&v.dev.to_be_bytes());
     out.extend_from_slice(&v.ino.to_be_bytes());

@@ -7,6 +7,7 @@ use arrow_flight::{FlightData, PutResult};
 use prost::Message;
 use tessera_proto::pb::PutCommand;
 use tessera_proto::pb::put_command::Command;
+use tessera_proto::ticket::{TicketPayload, decode_ticket};
 use tonic::Streaming;
 
 use crate::error::ServiceError;
@@ -46,10 +47,72 @@ pub async fn run(
             )
         })?;
     match command {
-        Command::ChunkTicket(_) => Err(ServiceError::Unsupported(
-            "DoPut of an upload chunk is not supported yet".into(),
-        )),
+        Command::ChunkTicket(ticket) => put_chunk(state, &ticket, first, stream).await,
         Command::RoiPut(cmd) => super::roi::put(state, cmd, first, stream).await,
         Command::RoiDelete(cmd) => super::roi::delete(state, cmd, first, stream).await,
     }
+}
+
+/// Bytes a chunk's messages may carry beyond its cell's values (IPC metadata and padding).
+const FRAMING_SLACK: u64 = 1 << 20;
+
+/// One chunk of an upload: the ticket is checked first (so a refused one reads nothing
+/// more), then the stream's schema and record batches are decoded, bounded by the cell's
+/// size, and stored; the one `PutResult` is sent once the chunk is durable.
+async fn put_chunk(
+    state: &ServiceState,
+    ticket: &[u8],
+    first: FlightData,
+    mut stream: Streaming<FlightData>,
+) -> Result<PutStream, ServiceError> {
+    let uploads = state.uploads_for_write("DoPut")?.clone();
+    let chunk_id = match decode_ticket(ticket)
+        .map_err(|e| ServiceError::InvalidArgument(format!("DoPut chunk_ticket: {e}")))?
+    {
+        TicketPayload::ChunkId(id) => id,
+        _ => {
+            return Err(ServiceError::InvalidArgument(
+                "DoPut chunk_ticket must be a chunk ticket (TensorTicket{chunk_id}) of the upload's plan"
+                    .into(),
+            ));
+        }
+    };
+    let target = uploads.put_target(&chunk_id)?;
+    let region = target.id.region();
+    let cell_bytes = region
+        .start
+        .iter()
+        .zip(&region.stop)
+        .map(|(a, b)| b - a)
+        .product::<u64>()
+        .saturating_mul(8);
+    let limit = cell_bytes + FRAMING_SLACK;
+    let mut messages = vec![first];
+    let mut total: u64 = messages[0].data_body.len() as u64;
+    while let Some(message) = stream
+        .message()
+        .await
+        .map_err(|e| ServiceError::InvalidArgument(format!("DoPut stream failed: {e}")))?
+    {
+        total += (message.data_body.len() + message.data_header.len()) as u64;
+        if total > limit {
+            return Err(ServiceError::InvalidArgument(format!(
+                "DoPut: the chunk of '{}' is over {limit} bytes, more than its cell can hold",
+                target.id.array_id()
+            )));
+        }
+        if !message.data_header.is_empty() {
+            messages.push(message);
+        }
+    }
+    let batches = arrow_flight::utils::flight_data_to_batches(&messages).map_err(|e| {
+        ServiceError::InvalidArgument(format!(
+            "DoPut: the chunk of '{}' is not a schema and record batches: {e}",
+            target.id.array_id()
+        ))
+    })?;
+    tokio::task::spawn_blocking(move || uploads.put(&target, &batches))
+        .await
+        .map_err(|e| ServiceError::Internal(format!("storing an upload chunk: {e}")))??;
+    Ok(super::once(vec![PutResult::default()]))
 }

@@ -30,7 +30,7 @@ pub fn ticket(state: &ServiceState, tensor: &Tensor) -> Vec<u8> {
     let Ok(rois) = state.annotations() else {
         return Vec::new();
     };
-    let grant = rois.grant(&tensor.array_id, &version_bytes(tensor));
+    let grant = rois.grant(&tensor.array_id, &version_bytes(tensor.version));
     TensorTicket {
         payload: Some(tensor_ticket::Payload::RoiRead(RoiRead {
             array_id: tensor.array_id.clone(),
@@ -78,7 +78,7 @@ pub async fn read(state: &ServiceState, read: RoiRead) -> ServiceResult<BoxStrea
     require_array_id(&read.array_id, "roi_read")?;
     let (array_id, tensor) = filed_under(state, &read.array_id);
     if let Some(grant) = &read.grant {
-        let current = tensor.as_deref().map(version_bytes);
+        let current = tensor.as_deref().map(|t| version_bytes(t.version));
         rois.check_grant(&read.array_id, grant, current.as_deref())?;
     }
     let set_name = read.set_name;

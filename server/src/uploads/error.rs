@@ -1,0 +1,170 @@
+//! Why an upload call was refused or failed, and how each reason travels on the wire.
+
+use super::data::DataError;
+use super::manifest::ManifestError;
+use super::record::State;
+use crate::error::ServiceError;
+
+/// An upload call's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// The request is malformed or asks for something this server does not do.
+    #[error("{call}: {reason}")]
+    Invalid {
+        /// The call (`add_tensor`, `DoPut`, `set_upload_status`, read).
+        call: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `add_tensor` of a name already taken (at any state, a discarded one until it frees).
+    #[error(
+        "add_tensor: '{array_id}' is already taken (it is {}); choose another name, or \
+         discard it and wait for its name to free",
+        state.name()
+    )]
+    Taken {
+        /// The name.
+        array_id: String,
+        /// Its state.
+        state: State,
+    },
+    /// The source an upload is added to is not served.
+    #[error(
+        "add_tensor: '{array_id}' names no served source '{source_id}'; a tensor is added to a \
+         source the server serves, or to 'scratch' for a result that belongs to none"
+    )]
+    NoSource {
+        /// The requested id.
+        array_id: String,
+        /// The source it names.
+        source_id: String,
+    },
+    /// A transition or chunk for an id that is not an upload.
+    #[error("{call}: '{array_id}' is not an upload in progress")]
+    NotAnUpload {
+        /// The call.
+        call: &'static str,
+        /// The id.
+        array_id: String,
+    },
+    /// A write to an upload that takes no more chunks.
+    #[error(
+        "{call}: upload '{array_id}' is {} and takes no more chunks{}",
+        state.name(),
+        if detail.is_empty() { String::new() } else { format!(": {detail}") }
+    )]
+    Closed {
+        /// The call.
+        call: &'static str,
+        /// The upload.
+        array_id: String,
+        /// READY (sealed) or DISCARDED.
+        state: State,
+        /// The discard's reason.
+        detail: String,
+    },
+    /// A move down the ladder.
+    #[error("set_upload_status: '{array_id}' is {} and cannot move back to {}", from.name(), to.name())]
+    Backwards {
+        /// The upload.
+        array_id: String,
+        /// Its state.
+        from: State,
+        /// The refused target.
+        to: State,
+    },
+    /// A read of an upload that is not readable.
+    #[error(
+        "upload '{array_id}' is {} and not readable{}",
+        state.name(),
+        if *state == State::Pending { ": set it READY with set_upload_status first" } else { "" }
+    )]
+    NotReadable {
+        /// The upload.
+        array_id: String,
+        /// Its state.
+        state: State,
+    },
+    /// The upload has used up its bytes.
+    #[error(
+        "DoPut: upload '{array_id}' holds {stored} bytes and this chunk of {chunk} would pass its \
+         limit of {limit} bytes (twice its size): too many chunks sent again"
+    )]
+    OverLimit {
+        /// The upload.
+        array_id: String,
+        /// Bytes stored.
+        stored: u64,
+        /// The chunk's bytes.
+        chunk: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The manifest failed.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The bytes could not be stored or read.
+    #[error("upload '{array_id}': {source}")]
+    Data {
+        /// The upload.
+        array_id: String,
+        /// The cause.
+        #[source]
+        source: DataError,
+    },
+    /// A filesystem call on the uploads directory failed.
+    #[error("uploads directory: cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// To what.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl UploadError {
+    pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> UploadError {
+        UploadError::Invalid {
+            call,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<UploadError> for ServiceError {
+    fn from(err: UploadError) -> ServiceError {
+        let text = err.to_string();
+        match err {
+            UploadError::Closed {
+                array_id,
+                state,
+                detail,
+                ..
+            } => ServiceError::UploadClosed {
+                message: text,
+                array_id,
+                state: state.name(),
+                detail,
+            },
+            UploadError::Invalid { .. }
+            | UploadError::Taken { .. }
+            | UploadError::NoSource { .. }
+            | UploadError::NotAnUpload { .. }
+            | UploadError::Backwards { .. }
+            | UploadError::NotReadable { .. }
+            | UploadError::OverLimit { .. } => ServiceError::InvalidArgument(text),
+            UploadError::Data { source, .. } if source.is_disk_full() => {
+                ServiceError::Unavailable(format!(
+                    "{text}: the state directory's filesystem is full; nothing was stored, send \
+                     the chunk again once there is room"
+                ))
+            }
+            UploadError::Manifest(_) | UploadError::Data { .. } | UploadError::Io { .. } => {
+                ServiceError::Internal(text)
+            }
+        }
+    }
+}

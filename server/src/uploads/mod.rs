@@ -1,0 +1,950 @@
+//! Uploads: tensors clients write with the biopb upload API (`add_tensor`, one DoPut per
+//! chunk, `set_upload_status`), kept in the state directory's `uploads` part and read back
+//! through the same plan, `chunk_locate` and `do_get` routes as sources
+//! (docs/decisions/0019).
+//!
+//! ```text
+//! uploads/manifest.redb        records and acknowledged chunks (manifest)
+//! uploads/data/<uid:016x>/     one segment store per upload (data), removed on discard
+//! ```
+//!
+//! A chunk is acknowledged only after its bytes are fsynced in the upload's store and its
+//! cell is committed to the manifest; a chunk written but not committed (a crash between
+//! the two) is an orphan entry under a key nobody names, never read. So after a crash an
+//! upload holds exactly the chunks whose ack was sent, and a READY one reads back exactly.
+
+mod batch;
+mod data;
+mod error;
+mod id;
+mod manifest;
+mod record;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arrow_array::RecordBatch;
+use parking_lot::{Mutex, RwLock};
+use tessera_proto::pb::{TensorDescriptor, UploadStatus};
+use tessera_segments::{EntryBytes, EntryMeta, Location};
+
+pub use batch::arrow_type;
+pub use data::{ChunkData, DataError};
+pub use error::UploadError;
+pub use id::{FIELDS_SEGMENT, SCRATCH_SOURCE_ID, is_upload_id};
+pub use manifest::{Manifest, ManifestError};
+pub use record::{State, UploadRecord};
+
+use crate::chunk_id::{ChunkId, ContentVersion};
+use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
+use crate::source::npy::Dtype;
+use record::{Move, Refusal};
+
+/// Largest tensor an upload may declare: 1 TiB.
+pub const MAX_UPLOAD_BYTES: u64 = 1 << 40;
+
+/// How long a discarded upload keeps its name at most (a tombstone stragglers can still
+/// learn the reason from): its own lifetime when shorter, else one hour.
+pub const TOMBSTONE_SECONDS: u64 = 3600;
+
+/// How often the sweep looks for expired uploads and discarded storage.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn unix_now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// One upload: its record, grid and stored chunks.
+pub struct Upload {
+    record: Mutex<UploadRecord>,
+    grid: ChunkGrid,
+    dtype: Dtype,
+    version: ContentVersion,
+    dir: PathBuf,
+    data: Mutex<Option<Arc<ChunkData>>>,
+    /// Cell index → store key of every acknowledged chunk.
+    cells: Mutex<HashMap<u64, Vec<u8>>>,
+}
+
+impl Upload {
+    fn new(record: UploadRecord, data_root: &Path) -> Result<Upload, String> {
+        let dtype = Dtype::parse(&record.dtype).map_err(|e| e.to_string())?;
+        let grid =
+            ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
+                .map_err(|e| e.to_string())?;
+        let bytes = record.shape.iter().product::<u64>() * dtype.itemsize as u64;
+        let version = ContentVersion {
+            dev: 0,
+            ino: record.uid,
+            size: bytes,
+            mtime_ns: record.created_ns,
+        };
+        Ok(Upload {
+            dir: data_root.join(format!("{:016x}", record.uid)),
+            record: Mutex::new(record),
+            grid,
+            dtype,
+            version,
+            data: Mutex::new(None),
+            cells: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The array id (`<source_id>/@fields/<name>`).
+    pub fn array_id(&self) -> String {
+        self.record.lock().array_id.clone()
+    }
+
+    /// The tensor's shape.
+    pub fn shape(&self) -> &[u64] {
+        self.grid.shape()
+    }
+
+    /// The numpy dtype string.
+    pub fn dtype_str(&self) -> String {
+        self.dtype.numpy_str()
+    }
+
+    /// Axis labels.
+    pub fn dim_labels(&self) -> Vec<String> {
+        self.record.lock().dim_labels.clone()
+    }
+
+    /// The one grid of the upload: every chunk is a cell of it, on both routes.
+    pub fn grid(&self) -> &ChunkGrid {
+        &self.grid
+    }
+
+    /// The content version every chunk id of this upload carries.
+    pub fn version(&self) -> ContentVersion {
+        self.version
+    }
+
+    /// The directory of its segment store.
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where it stands.
+    pub fn state(&self) -> State {
+        self.record.lock().state
+    }
+
+    /// The granted lifetime.
+    pub fn ttl_seconds(&self) -> Option<u32> {
+        self.record.lock().ttl_seconds
+    }
+
+    /// The `upload_status` answer.
+    pub fn status(&self) -> UploadStatus {
+        let record = self.record.lock();
+        UploadStatus {
+            state: record.state.wire(),
+            expected_chunks: i64::try_from(self.grid.num_chunks()).unwrap_or(i64::MAX),
+            uploaded_chunks: self.cells.lock().len() as i64,
+            reason: record.reason.clone(),
+        }
+    }
+
+    fn tensor_bytes(&self) -> u64 {
+        self.version.size
+    }
+
+    fn data(&self) -> Result<Arc<ChunkData>, UploadError> {
+        let mut slot = self.data.lock();
+        if let Some(data) = slot.as_ref() {
+            return Ok(data.clone());
+        }
+        let data = Arc::new(
+            ChunkData::open(&self.dir).map_err(|source| UploadError::Data {
+                array_id: self.array_id(),
+                source,
+            })?,
+        );
+        *slot = Some(data.clone());
+        Ok(data)
+    }
+
+    fn meta_of(&self, cell: &Region) -> EntryMeta {
+        EntryMeta {
+            shape: cell
+                .start
+                .iter()
+                .zip(&cell.stop)
+                .map(|(a, b)| (b - a) as i64)
+                .collect(),
+            dtype: self.dtype_str(),
+        }
+    }
+
+    /// Closes and removes the stored bytes (the upload is discarded).
+    fn reclaim(&self) -> Result<bool, UploadError> {
+        if let Some(data) = self.data.lock().take() {
+            data.close();
+        }
+        self.cells.lock().clear();
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(UploadError::Io {
+                action: "remove",
+                path: self.dir.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// A chunk named by a ticket, checked against its upload: the upload and the cell index.
+pub struct ChunkTarget {
+    /// The upload.
+    pub upload: Arc<Upload>,
+    /// The decoded chunk id.
+    pub id: ChunkId,
+    cell: u64,
+}
+
+/// Every upload of one state directory.
+pub struct Uploads {
+    manifest: Manifest,
+    data_root: PathBuf,
+    table: RwLock<HashMap<String, Arc<Upload>>>,
+    /// Grid target for uploads whose requested chunk shape is not usable.
+    target_chunk_bytes: u64,
+    /// The longest lifetime of an upload to `scratch` (and of one there asking for none).
+    scratch_max_ttl: u32,
+    last_uid: AtomicU64,
+}
+
+impl Uploads {
+    /// Opens the uploads of the state directory part `dir` (manifest and data), removes
+    /// the storage of discarded and orphaned uploads, discards what expired while the
+    /// server was down, and starts the sweep. Uploads whose requested chunk shape cannot
+    /// be used are cut on grids of about `target_chunk_bytes`; uploads to `scratch` live
+    /// at most `scratch_max_ttl` (`upload_max_ttl`).
+    pub fn open(
+        dir: &Path,
+        target_chunk_bytes: u64,
+        scratch_max_ttl: Duration,
+    ) -> Result<Arc<Uploads>, UploadError> {
+        let data_root = dir.join("data");
+        std::fs::create_dir_all(&data_root).map_err(|source| UploadError::Io {
+            action: "create",
+            path: data_root.clone(),
+            source,
+        })?;
+        let manifest = Manifest::open(&dir.join("manifest.redb"))?;
+        let mut table = HashMap::new();
+        let mut last_uid = 0;
+        for (record, cells) in manifest.load()? {
+            last_uid = last_uid.max(record.uid);
+            let array_id = record.array_id.clone();
+            let upload = match Upload::new(record, &data_root) {
+                Ok(upload) => upload,
+                Err(reason) => {
+                    tracing::error!(%array_id, %reason, "upload record cannot be served; left in the manifest");
+                    continue;
+                }
+            };
+            *upload.cells.lock() = cells;
+            table.insert(array_id, Arc::new(upload));
+        }
+        let uploads = Arc::new(Uploads {
+            manifest,
+            data_root,
+            table: RwLock::new(table),
+            target_chunk_bytes,
+            scratch_max_ttl: u32::try_from(scratch_max_ttl.as_secs())
+                .unwrap_or(u32::MAX)
+                .max(1),
+            last_uid: AtomicU64::new(last_uid),
+        });
+        uploads.remove_orphan_dirs();
+        uploads.check_chunks_present();
+        uploads.sweep();
+        let weak = Arc::downgrade(&uploads);
+        std::thread::Builder::new()
+            .name("tessera-uploads-sweep".to_string())
+            .spawn(move || sweep_loop(weak))
+            .map_err(|source| UploadError::Io {
+                action: "start the sweep for",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(uploads)
+    }
+
+    /// Removes data directories no live upload names (left by a crash mid-discard).
+    fn remove_orphan_dirs(&self) {
+        let live: std::collections::HashSet<PathBuf> = self
+            .table
+            .read()
+            .values()
+            .filter(|u| u.state() != State::Discarded)
+            .map(|u| u.dir.clone())
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&self.data_root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !live.contains(&path) {
+                match std::fs::remove_dir_all(&path) {
+                    Ok(()) => {
+                        tracing::info!(dir = %path.display(), "removed the storage of a discarded upload")
+                    }
+                    Err(err) => {
+                        tracing::warn!(dir = %path.display(), error = %err, "cannot remove the storage of a discarded upload")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens every live upload's store and checks each acknowledged chunk is in it.
+    fn check_chunks_present(&self) {
+        for upload in self.all() {
+            if upload.state() == State::Discarded || upload.cells.lock().is_empty() {
+                continue;
+            }
+            match upload.data() {
+                Ok(data) => {
+                    let missing = upload
+                        .cells
+                        .lock()
+                        .values()
+                        .filter(|key| !data.contains(key))
+                        .count();
+                    if missing > 0 {
+                        tracing::error!(array_id = %upload.array_id(), missing, "acknowledged upload chunks are missing from their store");
+                    }
+                }
+                Err(err) => tracing::error!(error = %err, "cannot open an upload's store"),
+            }
+        }
+    }
+
+    fn all(&self) -> Vec<Arc<Upload>> {
+        self.table.read().values().cloned().collect()
+    }
+
+    /// The upload named `array_id`, in any state.
+    pub fn get(&self, array_id: &str) -> Option<Arc<Upload>> {
+        self.table.read().get(array_id).cloned()
+    }
+
+    /// The READY uploads, by array id (what ListFlights lists beside the sources).
+    pub fn ready(&self) -> Vec<Arc<Upload>> {
+        let mut out: Vec<Arc<Upload>> = self
+            .all()
+            .into_iter()
+            .filter(|u| u.state() == State::Ready)
+            .collect();
+        out.sort_by_key(|u| u.array_id());
+        out
+    }
+
+    fn next_uid(&self) -> u64 {
+        let now = u64::try_from(unix_now_ns()).unwrap_or(0);
+        let mut last = self.last_uid.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(last + 1);
+            match self
+                .last_uid
+                .compare_exchange(last, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+
+    /// `add_tensor`: declares a tensor on a served source (`source_exists` says which are)
+    /// or on `scratch`, and answers its descriptor: the server's grid, the granted
+    /// lifetime and a PENDING status.
+    pub fn add(
+        &self,
+        request: &TensorDescriptor,
+        source_exists: impl Fn(&str) -> bool,
+    ) -> Result<TensorDescriptor, UploadError> {
+        const CALL: &str = "add_tensor";
+        let new = id::parse_new(&request.array_id).map_err(|r| UploadError::invalid(CALL, r))?;
+        let array_id = new.array_id();
+        crate::source::sources::check_array_id_len(&array_id)
+            .map_err(|e| UploadError::invalid(CALL, e.to_string()))?;
+        if new.source_id != SCRATCH_SOURCE_ID && !source_exists(&new.source_id) {
+            return Err(UploadError::NoSource {
+                array_id: request.array_id.clone(),
+                source_id: new.source_id,
+            });
+        }
+        if !request.metadata_json.is_empty() {
+            return Err(UploadError::invalid(
+                CALL,
+                "metadata_json is not taken: an uploaded tensor declares shape, dtype, chunk \
+                 shape, axis labels and lifetime only",
+            ));
+        }
+        let dtype = Dtype::parse(&request.dtype)
+            .map_err(|e| UploadError::invalid(CALL, format!("dtype '{}': {e}", request.dtype)))?;
+        arrow_type(&dtype).map_err(|r| UploadError::invalid(CALL, r))?;
+        let shape = request
+            .shape
+            .iter()
+            .map(|&d| u64::try_from(d))
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(|_| {
+                UploadError::invalid(
+                    CALL,
+                    format!("shape {:?} has a negative axis", request.shape),
+                )
+            })?;
+        if shape.is_empty() {
+            return Err(UploadError::invalid(
+                CALL,
+                "shape has no axes: a tensor has at least one",
+            ));
+        }
+        let itemsize = dtype.itemsize as u64;
+        let bytes = shape
+            .iter()
+            .try_fold(itemsize, |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= MAX_UPLOAD_BYTES)
+            .ok_or_else(|| {
+                UploadError::invalid(
+                    CALL,
+                    format!("shape {shape:?} of '{}' is over the upload limit of {MAX_UPLOAD_BYTES} bytes", request.dtype),
+                )
+            })?;
+        let grid = self.grid_for(&shape, itemsize, &request.chunk_shape, bytes)?;
+        if !request.dim_labels.is_empty() && request.dim_labels.len() != shape.len() {
+            return Err(UploadError::invalid(
+                CALL,
+                format!(
+                    "dim_labels has {} labels, but the shape has {} axes",
+                    request.dim_labels.len(),
+                    shape.len()
+                ),
+            ));
+        }
+        let dim_labels = if request.dim_labels.is_empty() {
+            crate::grid::default_dim_labels(&shape)
+        } else {
+            request.dim_labels.clone()
+        };
+        let ttl_seconds = match request.ttl_seconds {
+            Some(0) => {
+                return Err(UploadError::invalid(
+                    CALL,
+                    "ttl_seconds is a lifetime in seconds and must be positive; leave it unset \
+                     for the server's default",
+                ));
+            }
+            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => Some(ttl.min(self.scratch_max_ttl)),
+            None if new.source_id == SCRATCH_SOURCE_ID => Some(self.scratch_max_ttl),
+            other => other,
+        };
+        let now = unix_now();
+        let record = UploadRecord {
+            array_id: array_id.clone(),
+            uid: self.next_uid(),
+            shape,
+            dtype: dtype.numpy_str(),
+            chunk_shape: grid.chunk_shape().to_vec(),
+            dim_labels,
+            state: State::Pending,
+            reason: String::new(),
+            created_ns: unix_now_ns(),
+            ttl_seconds,
+            expires_at: ttl_seconds.map(|t| now.saturating_add(u64::from(t))),
+            discarded_at: None,
+        };
+        let upload = Arc::new(
+            Upload::new(record.clone(), &self.data_root)
+                .map_err(|r| UploadError::invalid(CALL, r))?,
+        );
+        {
+            let mut table = self.table.write();
+            if let Some(taken) = table.get(&array_id) {
+                return Err(UploadError::Taken {
+                    array_id,
+                    state: taken.state(),
+                });
+            }
+            self.manifest.put_record(&record)?;
+            table.insert(array_id.clone(), upload.clone());
+        }
+        tracing::info!(%array_id, shape = ?record.shape, dtype = %record.dtype, chunk_shape = ?record.chunk_shape, "upload added");
+        Ok(TensorDescriptor {
+            array_id,
+            dim_labels: record.dim_labels,
+            shape: record.shape.iter().map(|&d| d as i64).collect(),
+            chunk_shape: record.chunk_shape.iter().map(|&d| d as i64).collect(),
+            dtype: record.dtype,
+            ttl_seconds,
+            upload_status: Some(upload.status()),
+            ..Default::default()
+        })
+    }
+
+    /// The grid of a new upload: the requested chunk shape when it names chunks of at most
+    /// [`MAX_CHUNK_BYTES`], else the read policy's grid.
+    fn grid_for(
+        &self,
+        shape: &[u64],
+        itemsize: u64,
+        requested: &[i64],
+        bytes: u64,
+    ) -> Result<ChunkGrid, UploadError> {
+        let refuse = |e: crate::grid::GridError| UploadError::invalid("add_tensor", e.to_string());
+        let asked: Option<Vec<u64>> = (requested.len() == shape.len())
+            .then(|| {
+                requested
+                    .iter()
+                    .zip(shape)
+                    .map(|(&c, &d)| {
+                        u64::try_from(c)
+                            .ok()
+                            .filter(|&c| c >= 1)
+                            .map(|c| c.min(d.max(1)))
+                    })
+                    .collect()
+            })
+            .flatten();
+        if let Some(chunk) = asked {
+            let chunk_bytes = chunk.iter().product::<u64>().saturating_mul(itemsize);
+            if chunk_bytes <= MAX_CHUNK_BYTES && bytes > 0 {
+                return ChunkGrid::with_chunk_shape(shape, itemsize, &chunk).map_err(refuse);
+            }
+        }
+        ChunkGrid::plan(shape, itemsize, false, self.target_chunk_bytes).map_err(refuse)
+    }
+
+    /// The `upload_status` of `array_id`, `None` when no upload has that name.
+    pub fn status(&self, array_id: &str) -> Option<UploadStatus> {
+        self.get(array_id).map(|u| u.status())
+    }
+
+    /// `set_upload_status`: moves `array_id` up its ladder (a move to where it is changes
+    /// nothing). DISCARDED of an id that is no upload answers `None` (UNKNOWN).
+    pub fn set_status(
+        &self,
+        array_id: &str,
+        to: State,
+        reason: &str,
+    ) -> Result<Option<UploadStatus>, UploadError> {
+        const CALL: &str = "set_upload_status";
+        let Some(upload) = self.get(array_id) else {
+            if to == State::Discarded {
+                return Ok(None);
+            }
+            return Err(UploadError::NotAnUpload {
+                call: CALL,
+                array_id: array_id.to_string(),
+            });
+        };
+        let moved = {
+            let mut record = upload.record.lock();
+            match record::transition(record.state, to) {
+                Ok(Move::Stay) => false,
+                Ok(Move::To(next)) => {
+                    let mut changed = record.clone();
+                    changed.state = next;
+                    if next == State::Discarded {
+                        changed.reason = reason.to_string();
+                        changed.discarded_at = Some(unix_now());
+                    }
+                    self.manifest.put_record(&changed)?;
+                    *record = changed;
+                    true
+                }
+                Err(Refusal::Discarded) => {
+                    return Err(UploadError::Closed {
+                        call: CALL,
+                        array_id: array_id.to_string(),
+                        state: State::Discarded,
+                        detail: record.reason.clone(),
+                    });
+                }
+                Err(Refusal::Backwards { from }) => {
+                    return Err(UploadError::Backwards {
+                        array_id: array_id.to_string(),
+                        from,
+                        to,
+                    });
+                }
+            }
+        };
+        if moved {
+            tracing::info!(%array_id, state = to.name(), "upload status set");
+            if to == State::Discarded {
+                self.reclaim(&upload);
+            }
+        }
+        Ok(Some(upload.status()))
+    }
+
+    /// Removes a discarded upload's bytes and forgets its chunks (storage reclaimed).
+    fn reclaim(&self, upload: &Upload) {
+        let uid = upload.record.lock().uid;
+        match upload.reclaim() {
+            Ok(removed) => {
+                if removed {
+                    tracing::info!(array_id = %upload.array_id(), "storage of a discarded upload removed");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot remove a discarded upload's storage"),
+        }
+        if let Err(err) = self.manifest.drop_chunks(uid) {
+            tracing::warn!(error = %err, "cannot forget a discarded upload's chunks");
+        }
+    }
+
+    /// The upload and cell a DoPut ticket names, checked: an upload of that name, this
+    /// upload (not an earlier one of the same name), a cell of its grid, still PENDING.
+    pub fn put_target(&self, chunk_id: &[u8]) -> Result<ChunkTarget, UploadError> {
+        const CALL: &str = "DoPut";
+        let id = ChunkId::decode(chunk_id)
+            .map_err(|e| UploadError::invalid(CALL, format!("malformed chunk ticket: {e}")))?;
+        let target = self.target(CALL, id)?;
+        let record = target.upload.record.lock();
+        if record.state != State::Pending {
+            return Err(UploadError::Closed {
+                call: CALL,
+                array_id: record.array_id.clone(),
+                state: record.state,
+                detail: record.reason.clone(),
+            });
+        }
+        drop(record);
+        Ok(target)
+    }
+
+    fn target(&self, call: &'static str, id: ChunkId) -> Result<ChunkTarget, UploadError> {
+        let Some(upload) = self.get(id.array_id()) else {
+            return Err(UploadError::invalid(
+                call,
+                format!(
+                    "the ticket names '{}', which is not an upload",
+                    id.array_id()
+                ),
+            ));
+        };
+        if id.version() != upload.version {
+            return Err(UploadError::invalid(
+                call,
+                format!(
+                    "the ticket is of an earlier upload named '{}'; plan this one again",
+                    id.array_id()
+                ),
+            ));
+        }
+        if id.scale().is_some() {
+            return Err(UploadError::invalid(
+                call,
+                format!(
+                    "scaled chunks of the upload '{}' are not served",
+                    id.array_id()
+                ),
+            ));
+        }
+        let Some(cell) = upload.grid.cell_index(id.region()) else {
+            return Err(UploadError::invalid(
+                call,
+                format!(
+                    "the ticket's region {:?}..{:?} is not a chunk of '{}'",
+                    id.region().start,
+                    id.region().stop,
+                    id.array_id()
+                ),
+            ));
+        };
+        Ok(ChunkTarget { upload, id, cell })
+    }
+
+    /// Stores one chunk: checks the batches against the cell, appends and syncs the bytes,
+    /// then commits the cell to the manifest, unless the upload was sealed or discarded
+    /// meanwhile. Returns once the chunk is durable: the caller may ack. Blocking.
+    pub fn put(&self, target: &ChunkTarget, batches: &[RecordBatch]) -> Result<(), UploadError> {
+        const CALL: &str = "DoPut";
+        let upload = &target.upload;
+        let cell = target.id.region();
+        let elements: u64 = cell
+            .start
+            .iter()
+            .zip(&cell.stop)
+            .map(|(a, b)| b - a)
+            .product();
+        let buffers = batch::chunk_bytes(batches, &upload.dtype, elements).map_err(|r| {
+            UploadError::invalid(CALL, format!("chunk of '{}': {r}", target.id.array_id()))
+        })?;
+        let slices: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice()).collect();
+        let chunk_bytes = elements * upload.dtype.itemsize as u64;
+        let data = upload.data()?;
+        let limit = upload.tensor_bytes().saturating_mul(2) + 2 * MAX_CHUNK_BYTES;
+        let stored = data.disk_bytes();
+        if stored + chunk_bytes > limit {
+            return Err(UploadError::OverLimit {
+                array_id: target.id.array_id().to_string(),
+                stored,
+                chunk: chunk_bytes,
+                limit,
+            });
+        }
+        let mut key = target.id.encode();
+        key.extend_from_slice(&self.next_uid().to_be_bytes());
+        data.append_durable(&key, &upload.meta_of(cell), &slices)
+            .map_err(|source| UploadError::Data {
+                array_id: target.id.array_id().to_string(),
+                source,
+            })?;
+        let record = upload.record.lock();
+        if record.state != State::Pending {
+            return Err(UploadError::Closed {
+                call: CALL,
+                array_id: record.array_id.clone(),
+                state: record.state,
+                detail: record.reason.clone(),
+            });
+        }
+        self.manifest.put_chunk(record.uid, target.cell, &key)?;
+        upload.cells.lock().insert(target.cell, key);
+        Ok(())
+    }
+
+    /// The READY upload and cell a read ticket names.
+    pub fn read_target(&self, chunk_id: &ChunkId) -> Result<ChunkTarget, UploadError> {
+        let target = self.target("read", chunk_id.clone())?;
+        let state = target.upload.state();
+        if state != State::Ready {
+            return Err(UploadError::NotReadable {
+                array_id: chunk_id.array_id().to_string(),
+                state,
+            });
+        }
+        Ok(target)
+    }
+
+    /// The store key holding a READY upload's chunk: the acknowledged one, or for a cell
+    /// never sent a chunk of zeros, written now (its bytes can always be made again, so it
+    /// is not synced). Blocking.
+    fn key_for_read(&self, target: &ChunkTarget) -> Result<(Arc<ChunkData>, Vec<u8>), UploadError> {
+        let upload = &target.upload;
+        let data = upload.data()?;
+        if let Some(key) = upload.cells.lock().get(&target.cell) {
+            return Ok((data, key.clone()));
+        }
+        let mut key = target.id.encode();
+        key.extend_from_slice(b"zeros");
+        if !data.contains(&key) {
+            let region = target.id.region();
+            let elements: u64 = region
+                .start
+                .iter()
+                .zip(&region.stop)
+                .map(|(a, b)| b - a)
+                .product();
+            let zeros = vec![0u8; (elements * upload.dtype.itemsize as u64) as usize];
+            data.append(&key, &upload.meta_of(region), &[&zeros])
+                .map_err(|source| UploadError::Data {
+                    array_id: target.id.array_id().to_string(),
+                    source,
+                })?;
+        }
+        Ok((data, key))
+    }
+
+    /// The chunk's IPC message (do_get). Blocking.
+    pub fn read(&self, target: &ChunkTarget) -> Result<EntryBytes, UploadError> {
+        let (data, key) = self.key_for_read(target)?;
+        let missing = || {
+            UploadError::invalid(
+                "read",
+                format!(
+                    "a chunk of '{}' is missing from its store",
+                    target.id.array_id()
+                ),
+            )
+        };
+        data.read(&key)
+            .map_err(|source| UploadError::Data {
+                array_id: target.id.array_id().to_string(),
+                source,
+            })?
+            .ok_or_else(missing)
+    }
+
+    /// Where the chunk lives (chunk_locate). Blocking.
+    pub fn locate(&self, target: &ChunkTarget) -> Result<Location, UploadError> {
+        let (data, key) = self.key_for_read(target)?;
+        data.locate(&key).ok_or_else(|| {
+            UploadError::invalid(
+                "chunk_locate",
+                format!(
+                    "a chunk of '{}' is missing from its store",
+                    target.id.array_id()
+                ),
+            )
+        })
+    }
+
+    /// One pass of the sweep: discards uploads whose lifetime ran out, removes discarded
+    /// uploads' storage, and forgets tombstones whose time is up (their names free).
+    pub fn sweep(&self) {
+        let now = unix_now();
+        for upload in self.all() {
+            let (state, expires_at, array_id, ttl) = {
+                let r = upload.record.lock();
+                (r.state, r.expires_at, r.array_id.clone(), r.ttl_seconds)
+            };
+            if state != State::Discarded && expires_at.is_some_and(|at| at <= now) {
+                let reason = format!(
+                    "expired: its lifetime of {} s ran out",
+                    ttl.unwrap_or_default()
+                );
+                if let Err(err) = self.set_status(&array_id, State::Discarded, &reason) {
+                    tracing::warn!(%array_id, error = %err, "cannot discard an expired upload");
+                }
+                continue;
+            }
+            if state != State::Discarded {
+                continue;
+            }
+            if upload.dir.exists() {
+                self.reclaim(&upload);
+            }
+            let (free_at, uid) = {
+                let r = upload.record.lock();
+                (r.tombstone_until(TOMBSTONE_SECONDS), r.uid)
+            };
+            if free_at.is_some_and(|at| at <= now) {
+                let mut table = self.table.write();
+                match self.manifest.remove(&array_id, uid) {
+                    Ok(()) => {
+                        table.remove(&array_id);
+                        tracing::info!(%array_id, "discarded upload forgotten; its name is free");
+                    }
+                    Err(err) => {
+                        tracing::warn!(%array_id, error = %err, "cannot forget a discarded upload")
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sweep_loop(uploads: Weak<Uploads>) {
+    loop {
+        std::thread::sleep(SWEEP_EVERY);
+        let Some(uploads) = uploads.upgrade() else {
+            return;
+        };
+        uploads.sweep();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use arrow_array::UInt16Array;
+
+    fn chunk_of(upload: &Upload, cell: u64) -> (Vec<u8>, RecordBatch) {
+        let region = upload.grid().cell_at(cell).unwrap();
+        let id = ChunkId::new(upload.array_id(), upload.version(), region.clone()).unwrap();
+        let n: u64 = region.shape().iter().product();
+        let values: Vec<u16> = (0..n).map(|i| (i + 1000 * cell) as u16).collect();
+        let column: Arc<dyn arrow_array::Array> = Arc::new(UInt16Array::from(values));
+        (
+            id.encode(),
+            RecordBatch::try_from_iter([("data", column)]).unwrap(),
+        )
+    }
+
+    #[test]
+    fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
+        let tmp = tempfile::tempdir().unwrap();
+        let request = TensorDescriptor {
+            array_id: "cache://scratch/@fields/t".to_string(),
+            shape: vec![4, 6],
+            dtype: "<u2".to_string(),
+            chunk_shape: vec![2, 6],
+            ..Default::default()
+        };
+        let array_id = "scratch/@fields/t";
+        {
+            let uploads = Uploads::open(tmp.path(), 1 << 20, Duration::from_secs(600)).unwrap();
+            let desc = uploads.add(&request, |_| false).unwrap();
+            assert_eq!(desc.array_id, array_id);
+            assert_eq!(desc.ttl_seconds, Some(600));
+            assert!(matches!(
+                uploads.add(&request, |_| false),
+                Err(UploadError::Taken { .. })
+            ));
+            let upload = uploads.get(array_id).unwrap();
+            let (ticket, batch) = chunk_of(&upload, 0);
+            let target = uploads.put_target(&ticket).unwrap();
+            uploads.put(&target, &[batch]).unwrap();
+            assert_eq!(upload.status().uploaded_chunks, 1);
+            assert_eq!(upload.status().expected_chunks, 2);
+        }
+        let uploads = Uploads::open(tmp.path(), 1 << 20, Duration::from_secs(600)).unwrap();
+        let upload = uploads.get(array_id).unwrap();
+        assert_eq!(upload.state(), State::Pending);
+        assert_eq!(upload.status().uploaded_chunks, 1);
+        let (ticket, _) = chunk_of(&upload, 1);
+        let id = ChunkId::decode(&ticket).unwrap();
+        assert!(matches!(
+            uploads.read_target(&id),
+            Err(UploadError::NotReadable { .. })
+        ));
+        uploads.set_status(array_id, State::Ready, "").unwrap();
+        assert!(matches!(
+            uploads.set_status(array_id, State::Pending, ""),
+            Err(UploadError::Backwards { .. })
+        ));
+        assert!(matches!(
+            uploads.put_target(&ticket),
+            Err(UploadError::Closed {
+                state: State::Ready,
+                ..
+            })
+        ));
+        // The chunk sent reads back; the cell never sent reads as zeros.
+        let (sent, _) = chunk_of(&upload, 0);
+        let entry = uploads
+            .read(
+                &uploads
+                    .read_target(&ChunkId::decode(&sent).unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
+        assert!(entry.body.windows(4).any(|w| w == [0, 0, 1, 0]));
+        let zeros = uploads.read(&uploads.read_target(&id).unwrap()).unwrap();
+        assert!(zeros.body.windows(24).any(|w| w.iter().all(|&b| b == 0)));
+        assert!(upload.data_dir().exists());
+        uploads
+            .set_status(array_id, State::Discarded, "done")
+            .unwrap();
+        assert!(!upload.data_dir().exists());
+        assert!(matches!(
+            uploads.set_status(array_id, State::Ready, ""),
+            Err(UploadError::Closed {
+                state: State::Discarded,
+                ..
+            })
+        ));
+        assert_eq!(uploads.status(array_id).unwrap().reason, "done");
+    }
+}
