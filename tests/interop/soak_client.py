@@ -1,4 +1,4 @@
-"""One client process of the eviction soak (tests/tests/eviction_soak_keeps_mmap_clients_safe.rs).
+"""One client process of the eviction soak (tests/tests/e2e/eviction_soak_keeps_mmap_clients_safe.rs).
 
 Usage: soak_client.py LOCATION DATA_DIR SECONDS SEED
 

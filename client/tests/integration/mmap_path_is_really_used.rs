@@ -3,9 +3,7 @@
 //! they all come over the socket.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{Server, npy_fixture, options};
+use crate::common::{Server, npy_fixture, options};
 use tessera_client::{ChunkOrigin, Client, ClientOptions, write_npy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,7 @@
 //! unlinks the segments they point into.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{Server, crop, npy_fixture, options};
+use crate::common::{Server, crop, npy_fixture, options};
 use tessera_client::{ChunkOrigin, Client};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

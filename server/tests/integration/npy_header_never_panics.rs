@@ -2,9 +2,7 @@
 //! whatever it accepts satisfies the header's invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod npy_support;
-
-use npy_support::{Rng, npy_bytes};
+use crate::npy_support::{Rng, npy_bytes};
 use proptest::prelude::*;
 use tessera_server::source::npy::{Dtype, Header, Limits, NpyView, parse_header};
 

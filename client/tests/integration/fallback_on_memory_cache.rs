@@ -2,9 +2,7 @@
 //! the client falls back to DoGet chunk by chunk and the bytes stay exact.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{Server, crop, npy_fixture, options};
+use crate::common::{Server, crop, npy_fixture, options};
 use tessera_client::{Client, parse_region};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,7 @@
 //! the `Region` helpers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod grid_support;
-
-use grid_support::indices;
+use crate::grid_support::indices;
 use proptest::prelude::*;
 use tessera_server::grid::{ChunkGrid, GridError, Region, element_range};
 

@@ -2,9 +2,7 @@
 //! property tests of cap, tiling, contiguity and balance.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod grid_support;
-
-use grid_support::indices;
+use crate::grid_support::indices;
 use proptest::prelude::*;
 use tessera_server::grid::{
     ChunkGrid, DEFAULT_TARGET_CHUNK_BYTES, GridError, MAX_CHUNK_BYTES, Region, element_range,

@@ -2,9 +2,7 @@
 //! through DoGet, for several dtypes (big-endian included) and ranks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{Server, crop, npy_fixture, options};
+use crate::common::{Server, crop, npy_fixture, options};
 use tessera_client::{Client, Region, itemsize, parse_region};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,11 @@
 //! Every file of the malformed corpus is refused with its own error, naming file and fault.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod npy_support;
-
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::Path;
 
-use npy_support::{generate, npy_bytes};
+use crate::npy_support::{generate, npy_bytes};
 use tessera_server::source::npy::{Limits, NpyError, NpyFile, NpyView, read_stream};
 
 /// The variant's name; exhaustive, so a new variant must be placed here.

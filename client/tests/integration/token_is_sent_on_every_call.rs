@@ -3,9 +3,7 @@
 //! refusal says a token is wanted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{Server, npy_fixture, options};
+use crate::common::{Server, npy_fixture, options};
 use tessera_client::Client;
 
 const TOKEN: &str = "client-test-token-0123456789";

@@ -1,14 +1,12 @@
 //! A file changed under an open `NpyFile` is reported, never read stale, never a SIGBUS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod npy_support;
-
 use std::fs::{File, FileTimes, OpenOptions};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use npy_support::npy_bytes;
+use crate::npy_support::npy_bytes;
 use tessera_server::source::npy::{Limits, NpyError, NpyFile};
 
 const SHAPE: [u64; 2] = [64, 128];

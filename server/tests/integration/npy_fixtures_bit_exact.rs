@@ -1,11 +1,9 @@
 //! Every numpy-made fixture, and many random regions of each, read bit-exact.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod npy_support;
-
 use std::collections::BTreeSet;
 
-use npy_support::{Rng, generate, naive_region};
+use crate::npy_support::{Rng, generate, naive_region};
 use tessera_server::source::npy::{
     Limits, NpyFile, NpyView, parse_header, read_stream, region_is_contiguous,
 };
