@@ -115,7 +115,15 @@ impl Job {
         let mut batches = Vec::new();
         let (mut rows, mut bytes, mut truncated) = (0usize, 0usize, false);
         while let Some(batch) = stream.next().await {
-            let batch = batch?;
+            // An operator stopped at the deadline reports it as its own error: the caller
+            // sees the same timeout whichever check fired first.
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(_) if Instant::now() > budget.deadline => {
+                    return Err(CatalogError::TimedOut(limits.timeout));
+                }
+                Err(e) => return Err(e.into()),
+            };
             if Instant::now() > budget.deadline {
                 return Err(CatalogError::TimedOut(limits.timeout));
             }
