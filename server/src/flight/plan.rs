@@ -210,13 +210,7 @@ pub fn plan(
         ..Default::default()
     };
 
-    let mut info = FlightInfo::new()
-        .try_with_schema(&tessera_proto::schema::plan_schema())
-        .map_err(|e| ServiceError::Internal(format!("encoding the plan schema: {e}")))?
-        .with_descriptor(FlightDescriptor::new_cmd(descriptor.encode_to_vec()))
-        .with_app_metadata(request_bytes.to_vec())
-        .with_total_records(-1)
-        .with_total_bytes(-1);
+    let mut info = plan_info(&descriptor, request_bytes)?;
     if mask.endpoints {
         info = info.with_endpoints(endpoints(
             &tensor.array_id,
@@ -304,13 +298,7 @@ pub fn plan_upload(
         ttl_seconds: upload.ttl_seconds(),
         ..Default::default()
     };
-    let mut info = FlightInfo::new()
-        .try_with_schema(&tessera_proto::schema::plan_schema())
-        .map_err(|e| ServiceError::Internal(format!("encoding the plan schema: {e}")))?
-        .with_descriptor(FlightDescriptor::new_cmd(descriptor.encode_to_vec()))
-        .with_app_metadata(request_bytes.to_vec())
-        .with_total_records(-1)
-        .with_total_bytes(-1);
+    let mut info = plan_info(&descriptor, request_bytes)?;
     if has(MASK_ENDPOINTS) {
         info = info.with_endpoints(endpoints(
             array_id,
@@ -408,4 +396,16 @@ pub fn version_bytes(v: ContentVersion) -> Vec<u8> {
     out.extend_from_slice(&v.size.to_be_bytes());
     out.extend_from_slice(&v.mtime_ns.to_be_bytes());
     out
+}
+
+/// The FlightInfo of a plan before its endpoints: the plan schema, the descriptor and the
+/// request echoed as app metadata; sizes unknown (-1), as the protocol has them.
+fn plan_info(descriptor: &TensorDescriptor, request_bytes: &[u8]) -> ServiceResult<FlightInfo> {
+    Ok(FlightInfo::new()
+        .try_with_schema(&tessera_proto::schema::plan_schema())
+        .map_err(|e| ServiceError::Internal(format!("encoding the plan schema: {e}")))?
+        .with_descriptor(FlightDescriptor::new_cmd(descriptor.encode_to_vec()))
+        .with_app_metadata(request_bytes.to_vec())
+        .with_total_records(-1)
+        .with_total_bytes(-1))
 }

@@ -680,17 +680,13 @@ impl Uploads {
         const CALL: &str = "DoPut";
         let upload = &target.upload;
         let cell = target.id.region();
-        let elements: u64 = cell
-            .start
-            .iter()
-            .zip(&cell.stop)
-            .map(|(a, b)| b - a)
-            .product();
+        // A cell of a grid under the 1 TiB tensor limit: its count always fits.
+        let elements = cell.num_elements().unwrap_or(u64::MAX);
         let buffers = batch::chunk_bytes(batches, &upload.dtype, elements).map_err(|r| {
             UploadError::invalid(CALL, format!("chunk of '{}': {r}", target.id.array_id()))
         })?;
         let slices: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice()).collect();
-        let chunk_bytes = elements * upload.dtype.itemsize as u64;
+        let chunk_bytes = elements.saturating_mul(upload.dtype.itemsize as u64);
         let data = upload.data()?;
         let limit = upload.tensor_bytes().saturating_mul(2) + 2 * MAX_CHUNK_BYTES;
         let stored = data.disk_bytes();
@@ -749,13 +745,8 @@ impl Uploads {
         key.extend_from_slice(b"zeros");
         if !data.contains(&key) {
             let region = target.id.region();
-            let elements: u64 = region
-                .start
-                .iter()
-                .zip(&region.stop)
-                .map(|(a, b)| b - a)
-                .product();
-            let zeros = vec![0u8; (elements * upload.dtype.itemsize as u64) as usize];
+            let elements = region.num_elements().unwrap_or(u64::MAX);
+            let zeros = vec![0u8; elements.saturating_mul(upload.dtype.itemsize as u64) as usize];
             data.append(&key, &upload.meta_of(region), &[&zeros])
                 .map_err(|source| UploadError::Data {
                     array_id: target.id.array_id().to_string(),
