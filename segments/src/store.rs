@@ -57,8 +57,9 @@ pub(crate) struct Inner {
     /// Never evict ([`StoreOptions::with_keep_all`]).
     pub keep_all: bool,
     pub fault: Option<Arc<dyn FaultInjector>>,
-    /// Held for the store's lifetime: the `flock` on `DIR/lock`.
-    pub lock: File,
+    /// The `flock` on `DIR/lock`: held from open until [`Store::close`], which releases it
+    /// so another store may open the directory while this one's last readers finish.
+    pub lock: Mutex<Option<File>>,
     /// The encapsulated schema message that starts every segment.
     pub schema: Vec<u8>,
     schema_meta: Bytes,
@@ -212,7 +213,7 @@ impl Store {
             verify_on_read: opts.verify_on_read,
             keep_all: opts.keep_all,
             fault: opts.fault,
-            lock,
+            lock: Mutex::new(Some(lock)),
             schema,
             schema_meta,
             index,
@@ -412,12 +413,19 @@ impl Store {
     /// Records `note` (one line, e.g. where the owning server listens) beside the pid in
     /// the lock file, so an open refused by the lock names it ([`StoreError::Locked`]).
     pub fn note_holder(&self, note: &str) -> Result<(), StoreError> {
-        lockfile::write_note(&self.inner.lock, &self.inner.dir, note)
+        match self.inner.lock.lock().as_ref() {
+            Some(lock) => lockfile::write_note(lock, &self.inner.dir, note),
+            None => Err(StoreError::Closed {
+                dir: self.inner.dir.clone(),
+            }),
+        }
     }
 
     /// Seals every open segment (end-of-stream marker, fsync, sidecar), stops the maintenance
-    /// thread and saves recency. Idempotent; later appends fail with [`StoreError::Closed`],
-    /// lookups and reads keep working. Also run, best effort, on drop.
+    /// thread, saves recency and releases the directory lock: another store may open the
+    /// directory once this returns, even while handles to this one still read. Idempotent;
+    /// later appends fail with [`StoreError::Closed`], lookups and reads keep working. Also
+    /// run, best effort, on drop.
     pub fn close(&self) -> Result<(), StoreError> {
         let inner = &self.inner;
         if inner.closed.swap(true, Ordering::AcqRel) {
@@ -437,6 +445,9 @@ impl Store {
         }
         inner.evict_to_budget();
         inner.save_recency();
+        // Nothing of this store writes to the directory any more: appends are refused and
+        // the maintenance thread has stopped.
+        drop(inner.lock.lock().take());
         match inner.poisoned.lock().as_ref() {
             Some(reason) => Err(StoreError::Poisoned {
                 dir: inner.dir.clone(),

@@ -283,8 +283,12 @@ impl Daemon {
                 Ok(())
             }
         };
-        for task in side_tasks {
+        for task in &side_tasks {
             task.abort();
+        }
+        // An aborted task lets go of the service state only once the runtime drops it.
+        for task in side_tasks {
+            let _ = task.await;
         }
         self.state.chunks().close();
         tracing::info!("stopped");
