@@ -296,24 +296,62 @@ impl ChunkService {
             Err(_) => true,
         };
         for region in readahead::cells_ahead(grid, id.region(), window, present) {
-            let Ok(next) = chunk_of(&region) else {
-                continue;
-            };
-            let key = next.segment_key();
-            // Two requests may pick the same cell: only the first queues it.
-            if !self.queued_ahead.lock().insert(key.clone()) {
-                continue;
+            if let Ok(next) = chunk_of(&region) {
+                self.decode_in_background(tensor, next);
             }
-            self.read_aheads.fetch_add(1, Ordering::Relaxed);
-            let service = self.clone();
-            let tensor = tensor.clone();
-            tokio::spawn(async move {
-                if let Err(err) = service.materialize(&tensor, &next, &key).await {
-                    tracing::debug!(array_id = next.array_id(), chunk = ?next.region(), error = %err, "decoding ahead failed; the chunk is decoded when requested");
-                }
-                service.queued_ahead.lock().remove(&key);
-            });
         }
+    }
+
+    /// Starts decoding the two end cells of a plan just answered, before the client asks
+    /// for either (decision 0022): a whole-tensor reader starts at one end (forward readers
+    /// at `first`, dask at `last`), so its first request finds its chunk decoded or being
+    /// decoded while the client was still setting up, and the request's own read-ahead goes
+    /// on from there. Returns at once. Nothing starts for a plan that is warm at either end
+    /// (a later plan of a tensor being read), for a scaled plan, with read-ahead off
+    /// (budget 0), without a file cache, or while appends fail.
+    pub fn read_ahead_plan(self: &Arc<Self>, tensor: &Arc<Tensor>, first: ChunkId, last: ChunkId) {
+        if self.read_ahead_bytes == 0
+            || self.store.read_ahead_room().is_none()
+            || self.writes.failing()
+            || first.scale().is_some()
+            || last.scale().is_some()
+        {
+            return;
+        }
+        let warm = |id: &ChunkId| {
+            let key = id.segment_key();
+            self.store.contains(&key)
+                || self.flight.is_running(&key)
+                || self.queued_ahead.lock().contains(&key)
+        };
+        if warm(&first) || warm(&last) {
+            return;
+        }
+        let same = first == last;
+        self.decode_in_background(tensor, first);
+        if !same {
+            self.decode_in_background(tensor, last);
+        }
+    }
+
+    /// Decodes `id` into the cache in a background task (counted as a read-ahead), unless
+    /// another read-ahead queued it already. Shares the decode permits and the single
+    /// flight with requests.
+    fn decode_in_background(self: &Arc<Self>, tensor: &Arc<Tensor>, id: ChunkId) {
+        let key = id.segment_key();
+        // Two requests may pick the same cell: only the first queues it.
+        if !self.queued_ahead.lock().insert(key.clone()) {
+            return;
+        }
+        self.read_aheads.fetch_add(1, Ordering::Relaxed);
+        let service = self.clone();
+        let tensor = tensor.clone();
+        tokio::spawn(async move {
+            if let Err(err) = service.materialize(&tensor, &id, &key).await {
+                tracing::debug!(array_id = id.array_id(), chunk = ?id.region(), error = %err, "decoding ahead failed; the chunk is decoded when requested");
+            }
+            service.queued_ahead.lock().remove(&key);
+        });
     }
 
     fn cached(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {

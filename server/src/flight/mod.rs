@@ -28,14 +28,14 @@ use std::sync::Arc;
 
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
     flight_descriptor::DescriptorType,
 };
 use futures::Stream;
 use prost::Message;
 use tessera_proto::pb::TensorReadOption;
-use tessera_proto::ticket::decode_flight_request;
+use tessera_proto::ticket::{TicketPayload, decode_flight_request, decode_ticket};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog;
@@ -76,6 +76,25 @@ impl TesseraFlight {
     fn route_of<T>(&self, request: &Request<T>) -> Route {
         let loopback = Peer::of(request.extensions()).is_some_and(Peer::is_loopback);
         self.state.plan_route(loopback)
+    }
+
+    /// Hands the chunk ids at both ends of a plan just answered to the service state,
+    /// which starts decoding them if the tensor is cold. Plans of catalog tables and plans
+    /// without endpoints hand nothing.
+    fn read_ahead(&self, info: &FlightInfo) {
+        let chunk_id = |endpoint: Option<&FlightEndpoint>| {
+            let ticket = endpoint?.ticket.as_ref()?;
+            match decode_ticket(&ticket.ticket) {
+                Ok(TicketPayload::ChunkId(id)) => Some(id),
+                _ => None,
+            }
+        };
+        if let (Some(first), Some(last)) = (
+            chunk_id(info.endpoint.first()),
+            chunk_id(info.endpoint.last()),
+        ) {
+            self.state.read_ahead_plan(&first, &last);
+        }
     }
 
     /// Plans a whole-tensor read of `tensor` at full resolution under the id the client
@@ -256,9 +275,9 @@ impl FlightService for TesseraFlight {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let route = self.route_of(&request);
-        Ok(Response::new(
-            self.plan_descriptor(request.get_ref(), route)?,
-        ))
+        let info = self.plan_descriptor(request.get_ref(), route)?;
+        self.read_ahead(&info);
+        Ok(Response::new(info))
     }
 
     async fn poll_flight_info(
@@ -268,6 +287,7 @@ impl FlightService for TesseraFlight {
         let route = self.route_of(&request);
         let descriptor = request.into_inner();
         let info = self.plan_descriptor(&descriptor, route)?;
+        self.read_ahead(&info);
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
         ))

@@ -9,7 +9,11 @@ async fn concurrent_cold_requests_share_one_decode() {
     let dir = tempfile::tempdir().unwrap();
     let data = pattern(4 << 20, 4);
     write_npy(&dir.path().join("big.npy"), "<u4", &[1 << 20], &data);
-    let server = TestServer::start(vec![dir.path().join("big.npy")]).await;
+    // No read-ahead: the plan alone would start the decode these requests are to share.
+    let server = TestServer::start_with(vec![dir.path().join("big.npy")], |c| {
+        c.read_ahead_bytes = 0;
+    })
+    .await;
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("big", None))

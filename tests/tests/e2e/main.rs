@@ -16,6 +16,7 @@ mod catalog_sql_text_is_answered_or_refused;
 mod changing_sources_never_serve_stale_bytes;
 mod chunk_locate_points_at_the_message;
 mod cold_2gib_read_keeps_server_memory_bounded;
+mod cold_plans_decode_their_ends;
 mod cold_scaled_2gib_read_keeps_server_memory_bounded;
 mod concurrent_cold_reads_decode_once;
 mod crash_loses_nothing_a_client_located;
