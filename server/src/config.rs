@@ -302,8 +302,8 @@ pub struct ServeArgs {
     /// [default: 64MiB].
     #[arg(long, env = "TESSERA_MAPPED_CHUNK_TARGET", value_name = "SIZE")]
     pub mapped_chunk_target: Option<String>,
-    /// Bytes of chunks decoded ahead of a reader walking a tensor in order, e.g. 32MiB;
-    /// 0 turns read-ahead off [default: 32MiB].
+    /// Bytes of chunks decoded ahead of a reader walking a tensor in order, e.g. 32MiB; a
+    /// cold plan's end chunks are decoded ahead too; 0 turns read-ahead off [default: 32MiB].
     #[arg(long, env = "TESSERA_READ_AHEAD", value_name = "SIZE")]
     pub read_ahead: Option<String>,
     /// A source whose mtime or ctime is younger than this is not decoded until it is
