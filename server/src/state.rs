@@ -391,6 +391,25 @@ impl ServiceState {
         self.routes.route(loopback, self.chunks.mappable())
     }
 
+    /// The grid of a plan of `tensor` for a peer whose route is `route`: a loopback peer
+    /// planned on the socket grid reads the coarse grid instead while only that one is
+    /// cached, and the fine grid is filled in the background meanwhile
+    /// (`chunks/regrid.rs`, docs/decisions/0023).
+    pub fn route_for(&self, tensor: &Arc<Tensor>, loopback: bool, route: Route) -> Route {
+        let chunks = &self.chunks;
+        if route == Route::Socket
+            && loopback
+            && chunks.mappable()
+            && tensor.mapped_grid != tensor.grid
+            && !chunks.ends_cached(tensor, &tensor.grid)
+            && chunks.ends_cached(tensor, &tensor.mapped_grid)
+        {
+            chunks.fill_grid(tensor, &tensor.grid);
+            return Route::Mapped;
+        }
+        route
+    }
+
     /// A client asked where a chunk lives (`chunk_locate`): loopback plans may map again.
     pub fn note_locate(&self) {
         self.routes.note_locate();

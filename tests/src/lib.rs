@@ -238,6 +238,39 @@ pub async fn action_json(
     serde_json::from_slice(&results[0]).unwrap()
 }
 
+/// The server's `cache_stats` answer.
+pub async fn cache_stats(client: &mut FlightClient) -> serde_json::Value {
+    action_json(client, "cache_stats", Vec::new()).await
+}
+
+/// Waits (up to 20 s) until the cache holds `entries` chunks, as background decodes land;
+/// returns the stats of that moment.
+pub async fn wait_for_entries(client: &mut FlightClient, entries: u64) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let stats = cache_stats(client).await;
+        if stats["total_entries"] == entries {
+            return stats;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cache never reached {entries} entries: {stats}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Every FlightInfo ListFlights answers for an empty criteria.
+pub async fn list_all_flights(client: &mut FlightClient) -> Vec<FlightInfo> {
+    client
+        .list_flights(bytes::Bytes::new())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
 /// Decoded `ChunkBounds` of every endpoint of a plan, with its ticket.
 pub fn endpoint_bounds(info: &FlightInfo) -> Vec<(Vec<i64>, Vec<i64>, Ticket)> {
     info.endpoint

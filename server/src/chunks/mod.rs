@@ -40,6 +40,7 @@
 mod buffers;
 mod memory;
 mod readahead;
+mod regrid;
 mod single_flight;
 mod store;
 mod writes;

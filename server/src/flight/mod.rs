@@ -72,10 +72,10 @@ impl TesseraFlight {
         Self { state }
     }
 
-    /// The route of a plan asked for by `request`'s peer.
-    fn route_of<T>(&self, request: &Request<T>) -> Route {
+    /// Whether `request`'s peer is on loopback, and the route of its plans.
+    fn route_of<T>(&self, request: &Request<T>) -> (bool, Route) {
         let loopback = Peer::of(request.extensions()).is_some_and(Peer::is_loopback);
-        self.state.plan_route(loopback)
+        (loopback, self.state.plan_route(loopback))
     }
 
     /// Hands the chunk ids at both ends of a plan just answered to the service state,
@@ -119,11 +119,12 @@ impl TesseraFlight {
         )
     }
 
-    /// Plans the read a descriptor asks for, on the grid of `route`.
+    /// Plans the read a descriptor asks for, on the grid of `route` (or of what the cache
+    /// holds, for a loopback peer: [`ServiceState::route_for`]).
     fn plan_descriptor(
         &self,
         descriptor: &FlightDescriptor,
-        route: Route,
+        (loopback, route): (bool, Route),
     ) -> ServiceResult<FlightInfo> {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
@@ -137,7 +138,7 @@ impl TesseraFlight {
                     &tensor,
                     &request,
                     &request.encode_to_vec(),
-                    route,
+                    self.state.route_for(&tensor, loopback, route),
                     self.state.pyramid(),
                     roi::ticket(&self.state, &tensor),
                 )
@@ -159,6 +160,7 @@ impl TesseraFlight {
                     );
                 }
                 let tensor = self.state.resolve(name)?;
+                let route = self.state.route_for(&tensor, loopback, route);
                 Ok(self
                     .plan_whole(&tensor, name, route)?
                     .with_descriptor(descriptor.clone()))
@@ -170,9 +172,6 @@ impl TesseraFlight {
     }
 }
 
-/// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
-/// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
-/// message shows the PATH form that names a tensor by id.
 /// The whole-tensor plan of an upload, as ListFlights and a PATH descriptor answer it.
 fn plan_upload_whole(upload: &crate::uploads::Upload, array_id: &str) -> ServiceResult<FlightInfo> {
     let request = TensorReadOption {
@@ -182,6 +181,9 @@ fn plan_upload_whole(upload: &crate::uploads::Upload, array_id: &str) -> Service
     plan::plan_upload(upload, &request, &request.encode_to_vec())
 }
 
+/// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
+/// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
+/// message shows the PATH form that names a tensor by id.
 fn malformed_command(cmd: &[u8], err: &tessera_proto::ProtoError) -> ServiceError {
     let bare_id = std::str::from_utf8(cmd).ok().filter(|text| {
         !text.is_empty()
@@ -249,7 +251,7 @@ impl FlightService for TesseraFlight {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let route = self.route_of(&request);
+        let (_, route) = self.route_of(&request);
         if let Listing::CatalogTables = listing_of(&request.get_ref().expression)? {
             return Ok(Response::new(once(catalog::wire::table_flight_infos()?)));
         }
@@ -299,7 +301,7 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<SchemaResult>, Status> {
         // The plan's schema (a catalog table's for `["sources"]`/`["tensors"]`),
         // already in the IPC form GetSchema returns.
-        let info = self.plan_descriptor(request.get_ref(), Route::Socket)?;
+        let info = self.plan_descriptor(request.get_ref(), (false, Route::Socket))?;
         Ok(Response::new(SchemaResult {
             schema: info.schema,
         }))

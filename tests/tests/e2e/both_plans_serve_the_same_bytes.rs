@@ -1,6 +1,7 @@
 //! A loopback client with a mappable file cache gets a plan on the coarse grid; a loopback
-//! client that reads such a chunk over DoGet moves later loopback plans to the fine grid,
-//! and the next `chunk_locate` moves them back.
+//! client that reads such a chunk over DoGet moves later loopback plans to the fine grid
+//! (once its cells are cached: until then the coarse cells serve), and the next
+//! `chunk_locate` moves them back.
 //! Both plans of the same tensor, through `chunk_locate` and through DoGet, give the
 //! source's bytes (docs/decisions/0015).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -75,11 +76,44 @@ async fn coarse_and_fine_plans_serve_the_same_bytes_by_both_routes() {
     let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, ticket.clone()).await);
     assert_eq!(bytes, expect(start, stop), "coarse over DoGet");
 
-    let fine = client
+    // Only the coarse cells are cached: that reader is planned on them (served from the
+    // cache at once) while the fine cells are decoded in the background; once they are
+    // in, its plans move to the fine grid (docs/decisions/0023).
+    let warm = client
         .get_flight_info(read_descriptor("vol", None))
         .await
         .unwrap();
-    assert_eq!(chunk_shape(&fine), vec![1, 256, 256]);
+    assert_eq!(
+        chunk_shape(&warm),
+        vec![4, 256, 256],
+        "the grid the cache holds"
+    );
+    for (start, stop, ticket) in endpoint_bounds(&warm) {
+        let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, ticket).await);
+        assert_eq!(
+            bytes,
+            expect(&start, &stop),
+            "coarse over DoGet {start:?}..{stop:?}"
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let fine = loop {
+        let info = client
+            .get_flight_info(read_descriptor("vol", None))
+            .await
+            .unwrap();
+        if chunk_shape(&info) == [1, 256, 256] {
+            break info;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "plans never moved to the fine grid"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let stats = action_json(&mut client, "cache_stats", Vec::new()).await;
+    assert_eq!(stats["total_entries"], 3 + 12, "both grids cached: {stats}");
+    let misses = stats["misses"].clone();
     let fine_cells = endpoint_bounds(&fine);
     assert_eq!(fine_cells.len(), 12);
     for (start, stop, ticket) in fine_cells {
@@ -87,6 +121,11 @@ async fn coarse_and_fine_plans_serve_the_same_bytes_by_both_routes() {
         assert_eq!(bytes, expect(&start, &stop), "fine {start:?}..{stop:?}");
         assert_eq!(shape, vec![1, 256, 256]);
     }
+    let stats = action_json(&mut client, "cache_stats", Vec::new()).await;
+    assert_eq!(
+        stats["misses"], misses,
+        "the fine cells were decoded ahead: {stats}"
+    );
 
     // A slice on the fine plan snaps to fine cells only.
     let sliced = client

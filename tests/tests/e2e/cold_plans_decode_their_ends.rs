@@ -4,37 +4,21 @@
 //! with read-ahead off start nothing. The chunks decoded this way hold the source's bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_flight::{FlightClient, FlightInfo};
-use futures::TryStreamExt;
 use tessera_e2e::*;
 
 /// 10 planes of 64 KiB: one chunk per plane at a 64 KiB chunk target.
 const SHAPE: [u64; 3] = [10, 64, 1024];
 const PLANE: usize = 64 * 1024;
 
-async fn stats(client: &mut FlightClient) -> serde_json::Value {
-    action_json(client, "cache_stats", Vec::new()).await
-}
-
 /// Waits until the cache holds `entries` chunks; then checks that it stays there.
 async fn settle_at(client: &mut FlightClient, entries: u64) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = stats(client).await;
-        if s["total_entries"] == entries {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cache never reached {entries} entries: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_entries(client, entries).await;
     // A decode started by mistake would land within this.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let s = stats(client).await;
+    let s = cache_stats(client).await;
     assert_eq!(s["total_entries"], entries, "{s}");
     s
 }
@@ -65,14 +49,7 @@ async fn a_cold_plan_decodes_its_first_and_last_cells_before_any_request() {
     let mut client = server.client().await;
 
     // Browsing plans nothing: ListFlights lists the tensor and decodes no chunk.
-    let listed: Vec<FlightInfo> = client
-        .list_flights(bytes::Bytes::new())
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    assert!(!listed.is_empty());
+    assert!(!list_all_flights(&mut client).await.is_empty());
     settle_at(&mut client, 0).await;
 
     // A scaled plan decodes nothing ahead either.
@@ -104,7 +81,7 @@ async fn a_cold_plan_decodes_its_first_and_last_cells_before_any_request() {
         let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, cells[i].2.clone()).await);
         assert!(bytes == data[i * PLANE..(i + 1) * PLANE], "cell {i}");
     }
-    let after = stats(&mut client).await;
+    let after = cache_stats(&mut client).await;
     assert_eq!(
         after["misses"], before["misses"],
         "cells decoded for plans were hits: {after}"

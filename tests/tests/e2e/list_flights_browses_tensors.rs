@@ -18,13 +18,7 @@ async fn list_flights_names_every_tensor_with_its_plan() {
         TestServer::start_with(vec![dir.path().to_path_buf()], |c| c.chunk_target = 600).await;
     let mut client = server.client().await;
 
-    let infos: Vec<_> = client
-        .list_flights(bytes::Bytes::new())
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let infos = list_all_flights(&mut client).await;
     let tensor_infos: Vec<_> = infos
         .iter()
         .filter(|i| {

@@ -3,7 +3,7 @@
 //! Chunks decoded ahead are served from the cache with the source's exact bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_flight::{FlightClient, Ticket};
 use tessera_e2e::*;
@@ -11,26 +11,6 @@ use tessera_e2e::*;
 /// 10 planes of 64 KiB: one chunk per plane at a 64 KiB chunk target.
 const SHAPE: [u64; 3] = [10, 64, 1024];
 const PLANE: u64 = 64 * 1024;
-
-async fn stats(client: &mut FlightClient) -> serde_json::Value {
-    action_json(client, "cache_stats", Vec::new()).await
-}
-
-/// Waits until the cache holds `entries` chunks (decodes ahead run in the background).
-async fn wait_for_entries(client: &mut FlightClient, entries: u64) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = stats(client).await;
-        if s["total_entries"] == entries {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cache never reached {entries} entries: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn plan(client: &mut FlightClient) -> Vec<Ticket> {
     let info = client
@@ -95,7 +75,7 @@ impl Reader {
     }
 
     async fn stats(&mut self) -> serde_json::Value {
-        stats(&mut self.client).await
+        cache_stats(&mut self.client).await
     }
 }
 
