@@ -13,6 +13,9 @@
 //!  Route::Mapped: the coarse grid                      Route::Socket: the fine grid
 //! ```
 //!
+//! For one tensor, a loopback peer routed to the socket reads the coarse grid while only
+//! that one is cached (`ServiceState::route_for`, `chunks/regrid.rs`, docs/decisions/0023).
+//!
 //! Both grids are cut by the same contiguity-first rule and their cells are different
 //! chunks (ids name absolute bounds), so a chunk id still names the same bytes forever;
 //! the segment store evicts by use, so the grid nobody reads ages out of the cache.
