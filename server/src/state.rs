@@ -460,19 +460,6 @@ impl ServiceState {
         Ok((tensor, id))
     }
 
-    /// A plan was just answered whose first and last endpoints name these chunk ids:
-    /// starts decoding them if the tensor is cold (see
-    /// [`ChunkService::read_ahead_plan`]). Ids that do not name a served tensor's chunk
-    /// (an upload's, a stale one) start nothing.
-    pub fn read_ahead_plan(&self, first: &[u8], last: &[u8]) {
-        let (Ok((tensor, first)), Ok((_, last))) =
-            (self.resolve_chunk(first), self.resolve_chunk(last))
-        else {
-            return;
-        };
-        self.chunks.read_ahead_plan(&tensor, first, last);
-    }
-
     /// The IPC message of the chunk a ticket names, decoding it first if it is cold;
     /// counted as served by do_get. A loopback peer reading a chunk only the mapped grid
     /// has is a local client that does not map: later loopback plans use the fine grid.

@@ -288,12 +288,7 @@ impl ChunkService {
         );
         let chunk_of = |region: &Region| ChunkId::new(id.array_id(), id.version(), region.clone());
         let present = |region: &Region| match chunk_of(region) {
-            Ok(chunk) => {
-                let key = chunk.segment_key();
-                self.store.contains(&key)
-                    || self.flight.is_running(&key)
-                    || self.queued_ahead.lock().contains(&key)
-            }
+            Ok(chunk) => self.is_present(&chunk.segment_key()),
             Err(_) => true,
         };
         for region in readahead::cells_ahead(grid, id.region(), window, present) {
@@ -319,13 +314,7 @@ impl ChunkService {
         {
             return;
         }
-        let warm = |id: &ChunkId| {
-            let key = id.segment_key();
-            self.store.contains(&key)
-                || self.flight.is_running(&key)
-                || self.queued_ahead.lock().contains(&key)
-        };
-        if warm(&first) || warm(&last) {
+        if self.is_present(&first.segment_key()) || self.is_present(&last.segment_key()) {
             return;
         }
         let same = first == last;
@@ -333,6 +322,13 @@ impl ChunkService {
         if !same {
             self.decode_in_background(tensor, last);
         }
+    }
+
+    /// Whether the chunk under `key` is cached, being decoded, or queued for a decode.
+    fn is_present(&self, key: &[u8]) -> bool {
+        self.store.contains(key)
+            || self.flight.is_running(key)
+            || self.queued_ahead.lock().contains(key)
     }
 
     /// Decodes `id` into the cache in a background task (counted as a read-ahead), unless

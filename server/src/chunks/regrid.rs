@@ -62,8 +62,7 @@ impl ChunkService {
             let Ok(id) = ChunkId::new(&tensor.array_id, tensor.version, cell) else {
                 continue;
             };
-            let key = id.segment_key();
-            if !self.store.contains(&key) && !self.flight.is_running(&key) {
+            if !self.is_present(&id.segment_key()) {
                 self.decode_in_background(tensor, id);
             }
         }

@@ -28,23 +28,25 @@ use std::sync::Arc;
 
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
     flight_descriptor::DescriptorType,
 };
 use futures::Stream;
 use prost::Message;
 use tessera_proto::pb::TensorReadOption;
-use tessera_proto::ticket::{TicketPayload, decode_flight_request, decode_ticket};
+use tessera_proto::ticket::decode_flight_request;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog;
+use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
 use crate::listener::Peer;
 use crate::route::Route;
 use crate::source::registry::Tensor;
 use crate::source::sources::check_array_id_len;
 use crate::state::ServiceState;
+use plan::Planned;
 
 /// A boxed response stream.
 pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -78,33 +80,17 @@ impl TesseraFlight {
         (loopback, self.state.plan_route(loopback))
     }
 
-    /// Hands the chunk ids at both ends of a plan just answered to the service state,
-    /// which starts decoding them if the tensor is cold. Plans of catalog tables and plans
-    /// without endpoints hand nothing.
-    fn read_ahead(&self, info: &FlightInfo) {
-        let chunk_id = |endpoint: Option<&FlightEndpoint>| {
-            let ticket = endpoint?.ticket.as_ref()?;
-            match decode_ticket(&ticket.ticket) {
-                Ok(TicketPayload::ChunkId(id)) => Some(id),
-                _ => None,
-            }
-        };
-        if let (Some(first), Some(last)) = (
-            chunk_id(info.endpoint.first()),
-            chunk_id(info.endpoint.last()),
-        ) {
-            self.state.read_ahead_plan(&first, &last);
+    /// Starts decoding the end chunks of a plan just answered, if its tensor is cold
+    /// ([`crate::chunks::ChunkService::read_ahead_plan`], decision 0022).
+    fn read_ahead(&self, ends: Option<(Arc<Tensor>, ChunkId, ChunkId)>) {
+        if let Some((tensor, first, last)) = ends {
+            self.state.chunks().read_ahead_plan(&tensor, first, last);
         }
     }
 
     /// Plans a whole-tensor read of `tensor` at full resolution under the id the client
     /// used (a bare path descriptor, a ListFlights entry), on the grid of `route`.
-    fn plan_whole(
-        &self,
-        tensor: &Tensor,
-        array_id: &str,
-        route: Route,
-    ) -> ServiceResult<FlightInfo> {
+    fn plan_whole(&self, tensor: &Tensor, array_id: &str, route: Route) -> ServiceResult<Planned> {
         let request = TensorReadOption {
             array_id: array_id.to_string(),
             ..Default::default()
@@ -120,28 +106,31 @@ impl TesseraFlight {
     }
 
     /// Plans the read a descriptor asks for, on the grid of `route` (or of what the cache
-    /// holds, for a loopback peer: [`ServiceState::route_for`]).
+    /// holds, for a loopback peer: [`ServiceState::route_for`]); with the tensor and the end
+    /// chunks of a full-resolution plan of a served tensor.
     fn plan_descriptor(
         &self,
         descriptor: &FlightDescriptor,
         (loopback, route): (bool, Route),
-    ) -> ServiceResult<FlightInfo> {
+    ) -> ServiceResult<(FlightInfo, PlanEnds)> {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
                 let request = decode_flight_request(&descriptor.cmd)
                     .map_err(|e| malformed_command(&descriptor.cmd, &e))?;
                 if let Some(upload) = self.state.upload(&request.array_id)? {
-                    return plan::plan_upload(&upload, &request, &request.encode_to_vec());
+                    let info = plan::plan_upload(&upload, &request, &request.encode_to_vec())?;
+                    return Ok((info, None));
                 }
                 let tensor = self.state.resolve(&request.array_id)?;
-                plan::plan(
+                let planned = plan::plan(
                     &tensor,
                     &request,
                     &request.encode_to_vec(),
                     self.state.route_for(&tensor, loopback, route),
                     self.state.pyramid(),
                     roi::ticket(&self.state, &tensor),
-                )
+                )?;
+                Ok(with_ends(tensor, planned))
             }
             DescriptorType::Path => {
                 let [name] = descriptor.path.as_slice() else {
@@ -152,24 +141,33 @@ impl TesseraFlight {
                 };
                 check_array_id_len(name)?;
                 if let Some(info) = catalog::wire::table_flight_info(name)? {
-                    return Ok(info);
+                    return Ok((info, None));
                 }
                 if let Some(upload) = self.state.upload(name)? {
-                    return Ok(
-                        plan_upload_whole(&upload, name)?.with_descriptor(descriptor.clone())
-                    );
+                    let info =
+                        plan_upload_whole(&upload, name)?.with_descriptor(descriptor.clone());
+                    return Ok((info, None));
                 }
                 let tensor = self.state.resolve(name)?;
                 let route = self.state.route_for(&tensor, loopback, route);
-                Ok(self
-                    .plan_whole(&tensor, name, route)?
-                    .with_descriptor(descriptor.clone()))
+                let mut planned = self.plan_whole(&tensor, name, route)?;
+                planned.info = planned.info.with_descriptor(descriptor.clone());
+                Ok(with_ends(tensor, planned))
             }
             DescriptorType::Unknown => Err(ServiceError::InvalidArgument(
                 "flight descriptor has no type (neither CMD nor PATH)".to_string(),
             )),
         }
     }
+}
+
+/// The end chunks of a plan of a served tensor, with that tensor, for read-ahead.
+type PlanEnds = Option<(Arc<Tensor>, ChunkId, ChunkId)>;
+
+/// A plan's FlightInfo, and its end chunks with `tensor`.
+fn with_ends(tensor: Arc<Tensor>, planned: Planned) -> (FlightInfo, PlanEnds) {
+    let ends = planned.ends.map(|(first, last)| (tensor, first, last));
+    (planned.info, ends)
 }
 
 /// The whole-tensor plan of an upload, as ListFlights and a PATH descriptor answer it.
@@ -260,6 +258,7 @@ impl FlightService for TesseraFlight {
         for tensor in tensors {
             let info = self
                 .plan_whole(&tensor, &tensor.array_id, route)?
+                .info
                 .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
             infos.push(info);
         }
@@ -277,8 +276,8 @@ impl FlightService for TesseraFlight {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let route = self.route_of(&request);
-        let info = self.plan_descriptor(request.get_ref(), route)?;
-        self.read_ahead(&info);
+        let (info, ends) = self.plan_descriptor(request.get_ref(), route)?;
+        self.read_ahead(ends);
         Ok(Response::new(info))
     }
 
@@ -288,8 +287,8 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<PollInfo>, Status> {
         let route = self.route_of(&request);
         let descriptor = request.into_inner();
-        let info = self.plan_descriptor(&descriptor, route)?;
-        self.read_ahead(&info);
+        let (info, ends) = self.plan_descriptor(&descriptor, route)?;
+        self.read_ahead(ends);
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
         ))
@@ -301,7 +300,7 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<SchemaResult>, Status> {
         // The plan's schema (a catalog table's for `["sources"]`/`["tensors"]`),
         // already in the IPC form GetSchema returns.
-        let info = self.plan_descriptor(request.get_ref(), (false, Route::Socket))?;
+        let (info, _) = self.plan_descriptor(request.get_ref(), (false, Route::Socket))?;
         Ok(Response::new(SchemaResult {
             schema: info.schema,
         }))

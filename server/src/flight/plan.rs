@@ -38,6 +38,16 @@ use crate::source::npy::Kind;
 use crate::source::registry::Tensor;
 use crate::uploads::Upload;
 
+/// A plan's answer, with the chunks at both ends of a full-resolution plan that lists its
+/// endpoints (where a whole-region reader starts: decision 0022).
+pub struct Planned {
+    /// The FlightInfo GetFlightInfo answers.
+    pub info: FlightInfo,
+    /// The first and last chunk of the plan, in C order; `None` for a scaled plan or one
+    /// without endpoints.
+    pub ends: Option<(ChunkId, ChunkId)>,
+}
+
 /// Optional parts of the reply a request's field mask selects.
 #[derive(Debug, Default)]
 struct Mask {
@@ -149,7 +159,7 @@ pub fn plan(
     route: Route,
     pyramid: &PyramidPolicy,
     roi_ticket: Vec<u8>,
-) -> ServiceResult<FlightInfo> {
+) -> ServiceResult<Planned> {
     let scale = requested_scale(tensor, request)?;
     let scaled_grid;
     let grid = match &scale {
@@ -211,6 +221,7 @@ pub fn plan(
     };
 
     let mut info = plan_info(&descriptor, request_bytes)?;
+    let mut ends = None;
     if mask.endpoints {
         info = info.with_endpoints(endpoints(
             &tensor.array_id,
@@ -219,8 +230,20 @@ pub fn plan(
             &realized,
             scale.as_ref(),
         )?);
+        if scale.is_none() {
+            ends = end_chunks(tensor, grid, &realized);
+        }
     }
-    Ok(info)
+    Ok(Planned { info, ends })
+}
+
+/// The first and last cells of `grid` in `realized`, as chunk ids of `tensor`.
+fn end_chunks(tensor: &Tensor, grid: &ChunkGrid, realized: &Region) -> Option<(ChunkId, ChunkId)> {
+    let mut cells = grid.cells(realized).ok()?;
+    let first = cells.next()?;
+    let last = cells.last().unwrap_or_else(|| first.clone());
+    let id = |cell| ChunkId::new(&tensor.array_id, tensor.version, cell).ok();
+    Some((id(first)?, id(last)?))
 }
 
 /// Builds the FlightInfo answering `request` for an uploaded tensor: planned on its one
