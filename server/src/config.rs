@@ -8,6 +8,7 @@
 //! token_file = "/etc/tessera/token"     # or: token = "…"
 //! chunk_target = "8MiB"                 # chunks of reads that travel the socket
 //! mapped_chunk_target = "64MiB"          # chunks of loopback reads that are mapped; "0": same grid
+//! loopback_plans = "learn"               # or "mapped" / "socket": pin the grid of loopback plans
 //! read_ahead = "32MiB"                   # decode ahead of sequential readers; "0" turns it off
 //! settle_window = "1s"                   # sources touched this recently are waited for
 //! max_connections = 512                  # connections held at once; more are closed
@@ -62,6 +63,7 @@ use crate::scaled::pyramid::PyramidPolicy;
 use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::pins::PinLimits;
+use crate::route::LoopbackPlans;
 use crate::source::meta::{Supplied, Units};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
@@ -190,6 +192,8 @@ pub struct ConfigFile {
     pub chunk_target: Option<String>,
     /// Target chunk size of plans a local client maps, as a size string.
     pub mapped_chunk_target: Option<String>,
+    /// How loopback plans pick their grid.
+    pub loopback_plans: Option<LoopbackPlans>,
     /// Read-ahead budget, as a size string.
     pub read_ahead: Option<String>,
     /// Stability window, as a duration string.
@@ -302,6 +306,11 @@ pub struct ServeArgs {
     /// [default: 64MiB].
     #[arg(long, env = "TESSERA_MAPPED_CHUNK_TARGET", value_name = "SIZE")]
     pub mapped_chunk_target: Option<String>,
+    /// Grid of plans for loopback clients: `learn` plans them on --mapped-chunk-target's grid
+    /// until a local client is seen reading it over the socket only; `mapped` always does
+    /// (every local client maps); `socket` never does [default: learn].
+    #[arg(long, env = "TESSERA_LOOPBACK_PLANS", value_enum)]
+    pub loopback_plans: Option<LoopbackPlans>,
     /// Bytes of chunks decoded ahead of a reader walking a tensor in order, e.g. 32MiB; a
     /// cold plan's end chunks are decoded ahead too; 0 turns read-ahead off [default: 32MiB].
     #[arg(long, env = "TESSERA_READ_AHEAD", value_name = "SIZE")]
@@ -408,6 +417,8 @@ pub struct ServeConfig {
     /// Target chunk size of plans mapped by local clients (0 or at most `chunk_target`:
     /// the same grid for every route).
     pub mapped_chunk_target: u64,
+    /// How loopback plans pick their grid (see `--loopback-plans`).
+    pub loopback_plans: LoopbackPlans,
     /// Read-ahead budget in bytes (0: off).
     pub read_ahead_bytes: u64,
     /// Stability window of sources (see `--settle-window`).
@@ -470,6 +481,7 @@ impl ServeConfig {
             token: None,
             chunk_target: DEFAULT_TARGET_CHUNK_BYTES,
             mapped_chunk_target: DEFAULT_MAPPED_CHUNK_BYTES,
+            loopback_plans: LoopbackPlans::Learn,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -664,6 +676,10 @@ impl ServeConfig {
             token,
             chunk_target,
             mapped_chunk_target,
+            loopback_plans: args
+                .loopback_plans
+                .or(file.loopback_plans)
+                .unwrap_or_default(),
             read_ahead_bytes,
             settle_window,
             max_connections,

@@ -156,6 +156,7 @@ impl Daemon {
         let state = Arc::new(
             ServiceState::new(registry, options, chunks)
                 .with_pin_limits(config.pins)
+                .with_loopback_plans(config.loopback_plans)
                 .with_pyramid(config.pyramid.clone())
                 .with_metrics(metrics)
                 .with_runtime_roots(config.runtime.clone())

@@ -13,6 +13,7 @@
 //!  Route::Mapped: the coarse grid                      Route::Socket: the fine grid
 //! ```
 //!
+//! `loopback_plans = "mapped"` or `"socket"` pins the loopback route instead of learning it.
 //! For one tensor, a loopback peer routed to the socket reads the coarse grid while only
 //! that one is cached (`ServiceState::route_for`, `chunks/regrid.rs`, docs/decisions/0023).
 //!
@@ -23,6 +24,7 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use serde::Deserialize;
 
 /// How long one loopback DoGet of a mapped-grid chunk keeps loopback plans on the fine
 /// grid, unless a `chunk_locate` comes after it: a client that forces the socket plans
@@ -38,10 +40,25 @@ pub enum Route {
     Socket,
 }
 
+/// How plans for loopback peers (with a mappable cache) pick their grid
+/// (`loopback_plans`, `--loopback-plans`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LoopbackPlans {
+    /// The coarse grid, until a loopback client is seen reading it over DoGet only.
+    #[default]
+    Learn,
+    /// Always the coarse grid: every local client maps.
+    Mapped,
+    /// Always the fine grid: local clients read over the socket.
+    Socket,
+}
+
 /// Picks the route of each plan and learns from loopback readers that do not map.
 #[derive(Debug)]
 pub struct RoutePlanner {
     window: Duration,
+    policy: LoopbackPlans,
     /// What loopback clients did last: when one read a mapped-grid chunk over DoGet,
     /// and whether a `chunk_locate` came after it.
     learned: Mutex<Learned>,
@@ -64,8 +81,15 @@ impl RoutePlanner {
     pub fn new(window: Duration) -> Self {
         Self {
             window,
+            policy: LoopbackPlans::Learn,
             learned: Mutex::new(Learned::default()),
         }
+    }
+
+    /// Plans loopback reads by `policy` instead of learning.
+    pub fn with_policy(mut self, policy: LoopbackPlans) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// The route of a plan for a peer that is (or is not) on loopback, with a file cache
@@ -73,6 +97,11 @@ impl RoutePlanner {
     pub fn route(&self, loopback: bool, mappable: bool) -> Route {
         if !(loopback && mappable) {
             return Route::Socket;
+        }
+        match self.policy {
+            LoopbackPlans::Mapped => return Route::Mapped,
+            LoopbackPlans::Socket => return Route::Socket,
+            LoopbackPlans::Learn => {}
         }
         let learned = self.learned.lock();
         let socket_reader = !learned.located_since
@@ -121,6 +150,18 @@ mod tests {
         assert_eq!(planner.route(true, true), Route::Socket);
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(planner.route(true, true), Route::Mapped);
+    }
+
+    #[test]
+    fn a_pinned_policy_ignores_what_clients_do() {
+        let mapped = RoutePlanner::default().with_policy(LoopbackPlans::Mapped);
+        mapped.note_local_socket_read();
+        assert_eq!(mapped.route(true, true), Route::Mapped);
+        assert_eq!(mapped.route(false, true), Route::Socket);
+        assert_eq!(mapped.route(true, false), Route::Socket);
+        let socket = RoutePlanner::default().with_policy(LoopbackPlans::Socket);
+        socket.note_locate();
+        assert_eq!(socket.route(true, true), Route::Socket);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
 use crate::rois::Annotations;
-use crate::route::{Route, RoutePlanner};
+use crate::route::{LoopbackPlans, Route, RoutePlanner};
 use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
 use crate::source::npy::Kind;
@@ -78,6 +78,12 @@ impl ServiceState {
             ),
             uploads: None,
         }
+    }
+
+    /// Plans loopback reads by `policy` (`--loopback-plans`).
+    pub fn with_loopback_plans(mut self, policy: LoopbackPlans) -> Self {
+        self.routes = RoutePlanner::default().with_policy(policy);
+        self
     }
 
     /// Keeps ROI annotations in `annotations`, or refuses them with the reason given.

@@ -21,13 +21,90 @@ use prost_types::FieldMask;
 use tessera_proto::pb::{FlightRequest, SliceHint, TensorReadOption, flight_request};
 use tessera_server::config::ServeConfig;
 use tessera_server::daemon::Daemon;
+use tessera_server::route::LoopbackPlans;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// The grid a scenario's plans are cut on (docs/decisions/0015): read scenarios run on
+/// both (`on_both_grids!`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// The fine grid (`chunk_target`), which socket readers get; the coarse grid is off.
+    Fine,
+    /// The coarse grid clients that map get: loopback plans pinned to it
+    /// (`loopback_plans = "mapped"`), its cells up to [`COARSE_FACTOR`] times the scenario's
+    /// chunk target (the fine grid stays configured beside it, as in a daemon).
+    Coarse,
+}
+
+impl Grid {
+    /// The `chunk_target` that makes this grid's target `cell` bytes: scenarios that
+    /// count chunks get the same cells on both grids.
+    pub fn chunk_target_for(self, cell: u64) -> u64 {
+        match self {
+            Grid::Fine => cell,
+            Grid::Coarse => cell / COARSE_FACTOR,
+        }
+    }
+}
+
+impl Grid {
+    /// `tessera serve` flags for a server process whose plans on this grid have a
+    /// `cell`-byte target: `--chunk-target`, and on the coarse grid `--mapped-chunk-target`
+    /// and `--loopback-plans mapped` (the harness's environment turns the coarse grid off).
+    pub fn serve_flags(self, cell: u64) -> Vec<std::ffi::OsString> {
+        let mut flags = vec![
+            "--chunk-target".into(),
+            self.chunk_target_for(cell).to_string().into(),
+        ];
+        if self == Grid::Coarse {
+            flags.extend([
+                "--mapped-chunk-target".into(),
+                cell.to_string().into(),
+                "--loopback-plans".into(),
+                "mapped".into(),
+            ]);
+        }
+        flags
+    }
+}
+
+/// How many times larger the coarse grid's target is than the fine one in scenarios (the
+/// daemon's defaults are 8 and 64 MiB; fixtures are small, so a smaller factor keeps
+/// several coarse cells per tensor).
+pub const COARSE_FACTOR: u64 = 4;
+
+/// Runs each named scenario, an `async fn(Grid)`, as two tests, `NAME::fine` and
+/// `NAME::coarse`, on a runtime of two worker threads (`workers = N;` first for another
+/// count).
+#[macro_export]
+macro_rules! on_both_grids {
+    (workers = $workers:literal; $($scenario:ident),+ $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
+            async fn fine() {
+                super::$scenario($crate::Grid::Fine).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
+            async fn coarse() {
+                super::$scenario($crate::Grid::Coarse).await
+            }
+        }
+    )+};
+    ($($scenario:ident),+ $(,)?) => {
+        $crate::on_both_grids!(workers = 2; $($scenario),+);
+    };
+}
 
 /// A running server and what it needs to stay alive.
 pub struct TestServer {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The grid its loopback plans are cut on.
+    pub grid: Grid,
+    /// Its fine grid's chunk target.
+    pub chunk_target: u64,
     /// The cache directory's parent (removed when the server is dropped, unless
     /// [`TestServer::stop_keeping_cache`] took it).
     cache_dir: Option<tempfile::TempDir>,
@@ -43,8 +120,19 @@ impl TestServer {
         Self::start_with(paths, |_| {}).await
     }
 
-    /// Starts a server on `paths`, letting `configure` adjust the configuration.
+    /// Starts a server on `paths`, letting `configure` adjust the configuration; plans on
+    /// the fine grid.
     pub async fn start_with(
+        paths: Vec<PathBuf>,
+        configure: impl FnOnce(&mut ServeConfig),
+    ) -> TestServer {
+        Self::start_on(Grid::Fine, paths, configure).await
+    }
+
+    /// Starts a server on `paths` whose plans are cut on `grid`, letting `configure` adjust
+    /// the configuration first (its `chunk_target` is the fine grid's).
+    pub async fn start_on(
+        grid: Grid,
         paths: Vec<PathBuf>,
         configure: impl FnOnce(&mut ServeConfig),
     ) -> TestServer {
@@ -54,10 +142,15 @@ impl TestServer {
             "127.0.0.1:0".parse().unwrap(),
             cache_dir.path().join("cache"),
         );
-        // Scenarios count and bound the chunks of one grid; the daemon's coarser grid for
-        // loopback reads that map (docs/decisions/0015) is exercised where a scenario asks.
+        // The fine grid alone, unless the scenario runs on the coarse grid of loopback reads
+        // that map (docs/decisions/0015), set below once the scenario chose its target.
         config.mapped_chunk_target = 0;
         configure(&mut config);
+        if grid == Grid::Coarse {
+            config.mapped_chunk_target = (config.chunk_target * COARSE_FACTOR).min(64 << 20);
+            config.loopback_plans = LoopbackPlans::Mapped;
+        }
+        let chunk_target = config.chunk_target;
         let daemon = Daemon::bind(&config).await.expect("server starts");
         let addr = daemon.local_addr().unwrap();
         let metrics_addr = daemon.metrics_addr();
@@ -72,11 +165,19 @@ impl TestServer {
         });
         TestServer {
             addr,
+            grid,
+            chunk_target,
             cache_dir: Some(cache_dir),
             metrics_addr,
             stop: Some(stop),
             task: Some(task),
         }
+    }
+
+    /// Asserts that `info`'s plan is cut on this server's grid
+    /// ([`assert_planned_on`]).
+    pub fn assert_planned_on_its_grid(&self, info: &FlightInfo) {
+        assert_planned_on(self.grid, self.chunk_target, info);
     }
 
     /// `grpc://127.0.0.1:PORT`.
@@ -164,6 +265,42 @@ pub fn scaled_descriptor(array_id: &str, scale: &[i64], method: &str) -> FlightD
         })),
     };
     FlightDescriptor::new_cmd(request.encode_to_vec())
+}
+
+/// Asserts that `info`'s plan is cut on `grid` of a server whose fine grid's target is
+/// `chunk_target`: on the fine grid no cell holds more than the target; on the coarse grid
+/// some cell does when the read does.
+pub fn assert_planned_on(grid: Grid, chunk_target: u64, info: &FlightInfo) {
+    let desc =
+        tessera_proto::pb::TensorDescriptor::decode(info.flight_descriptor.clone().unwrap().cmd)
+            .unwrap();
+    let item: u64 = desc.dtype[2..].parse().unwrap();
+    let read: u64 = desc.shape.iter().map(|&d| d as u64).product::<u64>() * item;
+    let largest = endpoint_bounds(info)
+        .iter()
+        .map(|(start, stop, _)| {
+            start
+                .iter()
+                .zip(stop)
+                .map(|(a, b)| (b - a) as u64)
+                .product::<u64>()
+                * item
+        })
+        .max()
+        .unwrap_or(0);
+    match grid {
+        Grid::Fine => assert!(
+            largest <= chunk_target.max(item),
+            "a fine plan has a {largest}-byte cell over the {} target",
+            chunk_target
+        ),
+        Grid::Coarse => assert!(
+            read <= chunk_target || largest > chunk_target,
+            "a coarse plan of {read} bytes has no cell over the fine target {} \
+             (largest {largest})",
+            chunk_target
+        ),
+    }
 }
 
 /// Every record batch a do_get of `ticket` returns.

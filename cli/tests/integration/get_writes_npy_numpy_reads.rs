@@ -51,37 +51,64 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
     let (plane, _) = npy_fixture(dir.path(), "plane", "<u2", &[300, 400], 41);
     let (volume, _) = npy_fixture(dir.path(), "volume", ">i4", &[12, 50, 60], 42);
     let (line, _) = npy_fixture(dir.path(), "line", "<c8", &[5000], 43);
-    let cache = dir.path().join("cache");
-    let server = ServerProcess::spawn(&[
-        plane.as_os_str(),
-        volume.as_os_str(),
-        line.as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-        "--chunk-target".as_ref(),
-        "64KiB".as_ref(),
-    ]);
-    let location = server.url().replacen("http://", "grpc://", 1);
+    // Both grids (docs/decisions/0015): 64 KiB cells alone, and 256 KiB cells for loopback
+    // plans pinned beside them, the grid `tessera get` maps on a daemon's defaults.
+    let grids: [(&str, &[&str]); 2] = [
+        ("fine", &[]),
+        (
+            "coarse",
+            &[
+                "--mapped-chunk-target",
+                "256KiB",
+                "--loopback-plans",
+                "mapped",
+            ],
+        ),
+    ];
+    for (grid, flags) in grids {
+        let cache = dir.path().join(format!("cache-{grid}"));
+        let mut args = vec![
+            plane.as_os_str(),
+            volume.as_os_str(),
+            line.as_os_str(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            "--chunk-target".as_ref(),
+            "64KiB".as_ref(),
+        ];
+        args.extend(flags.iter().map(std::ffi::OsStr::new));
+        let server = ServerProcess::spawn(&args);
+        let location = server.url().replacen("http://", "grpc://", 1);
+        get_every_case(&dir, &location, [&plane, &volume, &line], grid).await;
+    }
+}
 
+/// `tessera get` of whole tensors and regions over both routes, each checked by numpy.
+async fn get_every_case(
+    dir: &tempfile::TempDir,
+    location: &str,
+    [plane, volume, line]: [&Path; 3],
+    grid: &str,
+) {
     // (array id, source, region for tessera get, the same index in numpy)
     let cases: [(&str, &Path, Option<&str>, &str); 11] = [
-        ("plane", &plane, None, ":"),
-        ("plane", &plane, Some("10:290,:-7"), "10:290, :-7"),
-        ("plane", &plane, Some("5"), "5"),
-        ("plane", &plane, Some("5,:"), "5, :"),
-        ("plane", &plane, Some("10:5,:"), "10:5, :"),
-        ("volume", &volume, Some(":,-1,3"), ":, -1, 3"),
-        ("volume", &volume, Some("2,40:10"), "2, 40:10"),
-        ("volume", &volume, None, ":"),
-        ("volume", &volume, Some("3:9,:,40:"), "3:9, :, 40:"),
-        ("line", &line, Some("-100:"), "-100:"),
-        ("line", &line, None, ":"),
+        ("plane", plane, None, ":"),
+        ("plane", plane, Some("10:290,:-7"), "10:290, :-7"),
+        ("plane", plane, Some("5"), "5"),
+        ("plane", plane, Some("5,:"), "5, :"),
+        ("plane", plane, Some("10:5,:"), "10:5, :"),
+        ("volume", volume, Some(":,-1,3"), ":, -1, 3"),
+        ("volume", volume, Some("2,40:10"), "2, 40:10"),
+        ("volume", volume, None, ":"),
+        ("volume", volume, Some("3:9,:,40:"), "3:9, :, 40:"),
+        ("line", line, Some("-100:"), "-100:"),
+        ("line", line, None, ":"),
     ];
     for no_mmap in [false, true] {
         for (i, (id, source, region, index)) in cases.iter().enumerate() {
-            let out = dir.path().join(format!("out_{i}_{no_mmap}.npy"));
+            let out = dir.path().join(format!("out_{grid}_{i}_{no_mmap}.npy"));
             let summary = cli_get(
-                &location,
+                location,
                 id,
                 *region,
                 None,
@@ -92,6 +119,11 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
             .await
             .unwrap();
             assert_eq!(summary.path, out);
+            if i == 0 {
+                // The whole 240,000-byte plane: 4 cells of 81 rows, or one 256 KiB cell.
+                let cells = if grid == "coarse" { 1 } else { 4 };
+                assert_eq!(summary.chunks, cells, "{grid} grid: {summary}");
+            }
             // An empty selection is written without asking for a chunk.
             assert_eq!(summary.chunks == 0, summary.bytes == 0, "{summary}");
             if no_mmap {
@@ -104,11 +136,11 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
     }
 
     // The binary itself: a region starting with '-' is a value, not a flag.
-    let out = dir.path().join("tail.npy");
+    let out = dir.path().join(format!("tail_{grid}.npy"));
     let run = run_cli(
         &[
             "get",
-            &location,
+            location,
             "plane",
             "--region",
             "-10:,:",
@@ -123,5 +155,5 @@ async fn get_writes_npy_that_numpy_reads_back_exactly() {
         "{}",
         run.stdout
     );
-    numpy_agrees(&plane, &out, "-10:, :");
+    numpy_agrees(plane, &out, "-10:, :");
 }

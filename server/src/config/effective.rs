@@ -7,6 +7,7 @@ use tessera_proto::units::{format_duration, format_size};
 use toml::{Table, Value};
 
 use super::{CacheKind, LogFormat, ServeConfig};
+use crate::route::LoopbackPlans;
 use crate::source::meta::Units;
 
 /// What is printed instead of the token.
@@ -30,6 +31,17 @@ pub fn render(config: &ServeConfig) -> String {
     top.insert(
         "mapped_chunk_target".into(),
         Value::String(format_size(config.mapped_chunk_target)),
+    );
+    top.insert(
+        "loopback_plans".into(),
+        Value::String(
+            match config.loopback_plans {
+                LoopbackPlans::Learn => "learn",
+                LoopbackPlans::Mapped => "mapped",
+                LoopbackPlans::Socket => "socket",
+            }
+            .into(),
+        ),
     );
     top.insert(
         "read_ahead".into(),

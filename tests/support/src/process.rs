@@ -133,8 +133,8 @@ impl ServerProcess {
             .env("NO_COLOR", "1")
             .env_remove("TESSERA_TOKEN")
             .env_remove("TESSERA_CONFIG")
-            // Scenarios count the chunks of one grid; a flag or `env` may still ask for the
-            // coarse grid of mapped loopback reads (docs/decisions/0015).
+            // The fine grid alone unless a flag or `env` asks for the coarse grid of mapped
+            // loopback reads (docs/decisions/0015; `Grid::serve_flags` in tessera-e2e).
             .env("TESSERA_MAPPED_CHUNK_TARGET", "0")
             // Scenarios change their sources under a server that does not rescan them
             // unless they ask (`--watch`); the default is watched.

@@ -30,23 +30,26 @@ async fn refused(client: &mut FlightClient, ticket: Ticket) -> tonic::Status {
     }
 }
 
-async fn start(path: &std::path::Path) -> TestServer {
-    TestServer::start_with(vec![path.to_path_buf()], |c| c.chunk_target = 16 << 10).await
+async fn start(grid: Grid, path: &std::path::Path) -> TestServer {
+    TestServer::start_on(grid, vec![path.to_path_buf()], |c| {
+        c.chunk_target = 16 << 10
+    })
+    .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replaced_by_rename_serves_the_new_file_and_refuses_old_tickets() {
+async fn replaced_by_rename_serves_the_new_file_and_refuses_old_tickets(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.npy");
     let old = pattern((SHAPE[0] * SHAPE[1]) as usize, 1);
     let new = pattern((SHAPE[0] * SHAPE[1]) as usize, 2);
     write_npy(&path, "|u1", &SHAPE, &old);
-    let server = start(&path).await;
+    let server = start(grid, &path).await;
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("s", None))
         .await
         .unwrap();
+    server.assert_planned_on_its_grid(&info);
     let chunks = endpoint_bounds(&info);
     // Half the chunks cached from the old file.
     for (start, stop, ticket) in chunks.iter().step_by(2) {
@@ -85,13 +88,12 @@ async fn replaced_by_rename_serves_the_new_file_and_refuses_old_tickets() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn truncated_source_gives_errors_never_bytes() {
+async fn truncated_source_gives_errors_never_bytes(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.npy");
     let data = pattern((SHAPE[0] * SHAPE[1]) as usize, 3);
     write_npy(&path, "|u1", &SHAPE, &data);
-    let server = start(&path).await;
+    let server = start(grid, &path).await;
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("t", None))
@@ -146,13 +148,12 @@ async fn truncated_source_gives_errors_never_bytes() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleted_source_gives_a_clear_error() {
+async fn deleted_source_gives_a_clear_error(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d.npy");
     let data = pattern((SHAPE[0] * SHAPE[1]) as usize, 4);
     write_npy(&path, "|u1", &SHAPE, &data);
-    let server = start(&path).await;
+    let server = start(grid, &path).await;
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("d", None))
@@ -200,8 +201,7 @@ fn version(k: u64) -> Vec<u8> {
     pattern((SHAPE[0] * SHAPE[1]) as usize, 1000 + k)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_rewrites_while_reading_never_mix_versions() {
+async fn repeated_rewrites_while_reading_never_mix_versions(grid: Grid) {
     const VERSIONS: u64 = 24;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w.npy");
@@ -209,7 +209,7 @@ async fn repeated_rewrites_while_reading_never_mix_versions() {
     // A stability window shorter than the writer's pauses, so chunks are served between
     // rewrites (with the default 1 s window every read during the rewrites waits or is
     // refused as "being written"; docs/decisions/0011).
-    let server = TestServer::start_with(vec![path.clone()], |c| {
+    let server = TestServer::start_on(grid, vec![path.clone()], |c| {
         c.chunk_target = 16 << 10;
         c.settle_window = Duration::from_millis(10);
     })
@@ -285,3 +285,10 @@ async fn repeated_rewrites_while_reading_never_mix_versions() {
     }
     server.stop().await;
 }
+
+on_both_grids!(
+    replaced_by_rename_serves_the_new_file_and_refuses_old_tickets,
+    truncated_source_gives_errors_never_bytes,
+    deleted_source_gives_a_clear_error,
+    repeated_rewrites_while_reading_never_mix_versions
+);

@@ -9,20 +9,22 @@ use std::os::unix::fs::MetadataExt;
 use arrow_ipc::reader::StreamReader;
 use tessera_e2e::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn located_bytes_are_the_chunk_message() {
+async fn located_bytes_are_the_chunk_message(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let shape = [3u64, 50, 40];
     let data = pattern(3 * 50 * 40 * 8, 5);
     write_npy(&dir.path().join("c.npy"), "<c8", &shape, &data);
-    let server =
-        TestServer::start_with(vec![dir.path().to_path_buf()], |c| c.chunk_target = 16_000).await;
+    let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
+        c.chunk_target = 8_000
+    })
+    .await;
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("c", None))
         .await
         .unwrap();
-    assert!(info.endpoint.len() >= 3);
+    server.assert_planned_on_its_grid(&info);
+    assert!(info.endpoint.len() >= 2);
     for (start, stop, ticket) in endpoint_bounds(&info) {
         let v = action_json(&mut client, "chunk_locate", ticket.ticket.to_vec()).await;
         assert_eq!(v["available"], true, "{v}");
@@ -98,3 +100,5 @@ async fn memory_cache_answers_unavailable_and_still_serves_do_get() {
     assert_eq!(stats["backend"], "memory");
     server.stop().await;
 }
+
+on_both_grids!(located_bytes_are_the_chunk_message);

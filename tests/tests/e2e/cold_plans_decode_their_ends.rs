@@ -9,7 +9,7 @@ use std::time::Duration;
 use arrow_flight::{FlightClient, FlightInfo};
 use tessera_e2e::*;
 
-/// 10 planes of 64 KiB: one chunk per plane at a 64 KiB chunk target.
+/// 10 planes of 64 KiB: one chunk per plane at a 64 KiB target, on either grid.
 const SHAPE: [u64; 3] = [10, 64, 1024];
 const PLANE: usize = 64 * 1024;
 
@@ -23,12 +23,12 @@ async fn settle_at(client: &mut FlightClient, entries: u64) -> serde_json::Value
     s
 }
 
-async fn start(dir: &std::path::Path, read_ahead: u64) -> (TestServer, Vec<u8>) {
+async fn start(grid: Grid, dir: &std::path::Path, read_ahead: u64) -> (TestServer, Vec<u8>) {
     let data = pattern(SHAPE.iter().product::<u64>() as usize, 21);
     let path = dir.join("vol.npy");
     write_npy(&path, "|u1", &SHAPE, &data);
-    let server = TestServer::start_with(vec![path], |c| {
-        c.chunk_target = PLANE as u64;
+    let server = TestServer::start_on(grid, vec![path], |c| {
+        c.chunk_target = grid.chunk_target_for(PLANE as u64);
         c.read_ahead_bytes = read_ahead;
     })
     .await;
@@ -42,10 +42,9 @@ async fn plan(client: &mut FlightClient, slice: Option<(&[i64], &[i64])>) -> Fli
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cold_plan_decodes_its_first_and_last_cells_before_any_request() {
+async fn a_cold_plan_decodes_its_first_and_last_cells_before_any_request(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
-    let (server, data) = start(dir.path(), 4 * PLANE as u64).await;
+    let (server, data) = start(grid, dir.path(), 4 * PLANE as u64).await;
     let mut client = server.client().await;
 
     // Browsing plans nothing: ListFlights lists the tensor and decodes no chunk.
@@ -67,6 +66,7 @@ async fn a_cold_plan_decodes_its_first_and_last_cells_before_any_request() {
 
     // The whole tensor: cells 0 and 9 as well, nothing else, before any request.
     let info = plan(&mut client, None).await;
+    server.assert_planned_on_its_grid(&info);
     let cells = endpoint_bounds(&info);
     assert_eq!(cells.len(), 10);
     settle_at(&mut client, 4).await;
@@ -89,13 +89,17 @@ async fn a_cold_plan_decodes_its_first_and_last_cells_before_any_request() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_read_ahead_off_a_plan_decodes_nothing() {
+async fn with_read_ahead_off_a_plan_decodes_nothing(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
-    let (server, _) = start(dir.path(), 0).await;
+    let (server, _) = start(grid, dir.path(), 0).await;
     let mut client = server.client().await;
     plan(&mut client, None).await;
     let s = settle_at(&mut client, 0).await;
     assert_eq!(s["read_aheads"], 0, "{s}");
     server.stop().await;
 }
+
+on_both_grids!(
+    a_cold_plan_decodes_its_first_and_last_cells_before_any_request,
+    with_read_ahead_off_a_plan_decodes_nothing
+);

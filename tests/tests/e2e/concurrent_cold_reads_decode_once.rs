@@ -4,13 +4,13 @@
 
 use tessera_e2e::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_cold_requests_share_one_decode() {
+async fn concurrent_cold_requests_share_one_decode(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let data = pattern(4 << 20, 4);
     write_npy(&dir.path().join("big.npy"), "<u4", &[1 << 20], &data);
     // No read-ahead: the plan alone would start the decode these requests are to share.
-    let server = TestServer::start_with(vec![dir.path().join("big.npy")], |c| {
+    let server = TestServer::start_on(grid, vec![dir.path().join("big.npy")], |c| {
+        c.chunk_target = grid.chunk_target_for(4 << 20);
         c.read_ahead_bytes = 0;
     })
     .await;
@@ -19,10 +19,11 @@ async fn concurrent_cold_requests_share_one_decode() {
         .get_flight_info(read_descriptor("big", None))
         .await
         .unwrap();
+    server.assert_planned_on_its_grid(&info);
     assert_eq!(
         info.endpoint.len(),
         1,
-        "4 MiB fits one chunk at the default target"
+        "4 MiB fits one chunk at a 4 MiB target"
     );
     let ticket = info.endpoint[0].ticket.clone().unwrap();
 
@@ -57,3 +58,5 @@ async fn concurrent_cold_requests_share_one_decode() {
     assert_eq!(stats["total_entries"], 1, "written once: {stats}");
     server.stop().await;
 }
+
+on_both_grids!(concurrent_cold_requests_share_one_decode);

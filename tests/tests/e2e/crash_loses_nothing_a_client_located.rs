@@ -38,7 +38,7 @@ fn expected(data: &[Vec<u8>], chunk: &Chunk) -> Vec<u8> {
     )
 }
 
-async fn plan_all(server: &ServerProcess) -> Vec<Chunk> {
+async fn plan_all(grid: Grid, server: &ServerProcess) -> Vec<Chunk> {
     let mut client = server.client().await;
     let mut chunks = Vec::new();
     for tensor in 0..TENSORS {
@@ -46,6 +46,7 @@ async fn plan_all(server: &ServerProcess) -> Vec<Chunk> {
             .get_flight_info(read_descriptor(&format!("t{tensor}"), None))
             .await
             .unwrap();
+        assert_planned_on(grid, grid.chunk_target_for(64 << 10), &info);
         for (start, stop, ticket) in endpoint_bounds(&info) {
             chunks.push(Chunk {
                 tensor,
@@ -76,8 +77,7 @@ async fn locate(client: &mut arrow_flight::FlightClient, ticket: &[u8]) -> Optio
     Located::from_json(&serde_json::from_slice(results.first()?).ok()?)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_while_appending_loses_nothing_a_client_located() {
+async fn sigkill_while_appending_loses_nothing_a_client_located(grid: Grid) {
     let sources = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let n = (SHAPE[0] * SHAPE[1]) as usize * ITEMSIZE;
@@ -93,15 +93,14 @@ async fn sigkill_while_appending_loses_nothing_a_client_located() {
             bytes
         })
         .collect();
-    let args = [
+    let mut args = vec![
         sources.path().as_os_str().to_owned(),
         "--cache-dir".into(),
         cache.path().join("c").into_os_string(),
-        "--chunk-target".into(),
-        "64KiB".into(),
     ];
+    args.extend(grid.serve_flags(64 << 10));
     let mut server = ServerProcess::spawn(&args);
-    let chunks = Arc::new(plan_all(&server).await);
+    let chunks = Arc::new(plan_all(grid, &server).await);
     assert!(chunks.len() >= 500, "{} chunks", chunks.len());
 
     // Eight clients locate disjoint shares of the chunks, recording what they were told.
@@ -217,3 +216,5 @@ async fn sigkill_while_appending_loses_nothing_a_client_located() {
     let status = server.terminate();
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
 }
+
+on_both_grids!(workers = 4; sigkill_while_appending_loses_nothing_a_client_located);

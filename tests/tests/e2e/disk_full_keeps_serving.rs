@@ -87,8 +87,7 @@ fn problems(server: &ServerProcess) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_degrades_to_do_get_and_recovers() {
+async fn a_full_disk_degrades_to_do_get_and_recovers(grid: Grid) {
     let work = tempfile::tempdir().unwrap();
     let Some(mnt) = Tmpfs::mount(&work.path().join("mnt"), "4m") else {
         return;
@@ -97,10 +96,23 @@ async fn a_full_disk_degrades_to_do_get_and_recovers() {
     std::fs::create_dir(&sources).unwrap();
     let data = pattern((SHAPE[0] * SHAPE[1]) as usize, 42);
     write_npy(&sources.join("big.npy"), "|u1", &SHAPE, &data);
-    let server =
-        ServerProcess::serve_cached(&sources, &mnt.0.join("cache"), Some("64MiB"), "64KiB");
+    let cache = mnt.0.join("cache");
+    let mut args = vec![
+        sources.into_os_string(),
+        "--cache-dir".into(),
+        cache.into_os_string(),
+        "--cache-max-bytes".into(),
+        "64MiB".into(),
+    ];
+    args.extend(grid.serve_flags(64 << 10));
+    let server = ServerProcess::spawn(&args);
     let mut client = server.client().await;
-    let chunks = planned_chunks(&mut client, "big").await;
+    let info = client
+        .get_flight_info(read_descriptor("big", None))
+        .await
+        .unwrap();
+    assert_planned_on(grid, grid.chunk_target_for(64 << 10), &info);
+    let chunks = endpoint_bounds(&info);
     assert!(chunks.len() >= 128, "{} chunks", chunks.len());
     let want = |i: usize| {
         let (start, stop, _) = &chunks[i];
@@ -214,3 +226,5 @@ async fn a_full_disk_degrades_to_do_get_and_recovers() {
     assert!(server.terminate().success());
     drop(mnt);
 }
+
+on_both_grids!(a_full_disk_degrades_to_do_get_and_recovers);

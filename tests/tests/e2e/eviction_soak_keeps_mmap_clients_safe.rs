@@ -4,7 +4,8 @@
 //! plus one segment (appends wait for eviction beyond that), sampled through `cache_stats`
 //! all along.
 //!
-//! Runs 30 s by default; set `TESSERA_SOAK_SECONDS` to soak longer. Skips with a message
+//! Runs on both grids (the coarse one is what mapping clients get from a daemon), 30 s each by
+//! default; set `TESSERA_SOAK_SECONDS` to soak longer. Skips with a message
 //! when the interop venv (.venv with biopb, numpy, pyarrow) is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,8 +21,7 @@ const BUDGET: u64 = 8 << 20;
 /// (segments/src/store.rs).
 const SEGMENT: u64 = BUDGET / 4;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn constant_eviction_under_mmap_readers() {
+async fn constant_eviction_under_mmap_readers(grid: Grid) {
     let Some(python) = have_python_venv() else {
         skip_unless_ci(
             "eviction soak: no Python venv with biopb, numpy and pyarrow (run ./run-tests \
@@ -60,7 +60,15 @@ async fn constant_eviction_under_mmap_readers() {
             &bytes,
         );
     }
-    let server = ServerProcess::serve_cached(sources.path(), cache.path(), Some("8MiB"), "256KiB");
+    let mut args = vec![
+        sources.path().as_os_str().to_owned(),
+        "--cache-dir".into(),
+        cache.path().as_os_str().to_owned(),
+        "--cache-max-bytes".into(),
+        BUDGET.to_string().into(),
+    ];
+    args.extend(grid.serve_flags(256 << 10));
+    let server = ServerProcess::spawn(&args);
     let script = workspace_root().join("tests/interop/soak_client.py");
     let location = format!("grpc://{}", server.addr);
     let mut clients: Vec<_> = (0..CLIENTS)
@@ -130,3 +138,5 @@ async fn constant_eviction_under_mmap_readers() {
         server.log().join("\n")
     );
 }
+
+on_both_grids!(constant_eviction_under_mmap_readers);

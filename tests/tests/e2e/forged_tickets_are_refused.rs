@@ -8,14 +8,15 @@ use tessera_server::chunk_id::{ChunkId, ContentVersion};
 use tessera_server::grid::Region;
 use tessera_server::scaled::{Method, Scale};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving() {
+async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let data = pattern(64 * 64, 3);
     write_npy(&dir.path().join("a.npy"), "|u1", &[64, 64], &data);
     write_npy(&dir.path().join("b.npy"), "|u1", &[8, 8], &data[..64]);
-    let server =
-        TestServer::start_with(vec![dir.path().to_path_buf()], |c| c.chunk_target = 1024).await;
+    let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
+        c.chunk_target = grid.chunk_target_for(1024)
+    })
+    .await;
     let mut client = server.client().await;
     let info = client
         .get_flight_info(read_descriptor("a", None))
@@ -107,3 +108,5 @@ async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving() 
     assert!(!bytes.is_empty());
     server.stop().await;
 }
+
+on_both_grids!(forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving);

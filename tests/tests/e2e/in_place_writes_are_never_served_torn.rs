@@ -18,7 +18,7 @@ use futures::TryStreamExt;
 use tessera_e2e::located::{Located, decode_located};
 use tessera_e2e::*;
 
-/// 64 MiB of u8: eight 8 MiB chunks.
+/// 64 MiB of u8: eight 8 MiB chunks, on either grid.
 const SHAPE: [u64; 2] = [64, 1 << 20];
 const CHUNK: u64 = 8 << 20;
 
@@ -31,15 +31,26 @@ fn data_offset(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len() - payload_len() as u64
 }
 
-async fn start(path: &Path, cache: Option<PathBuf>) -> TestServer {
-    start_settling(path, cache, tessera_server::chunks::DEFAULT_SETTLE_WINDOW).await
+async fn start(grid: Grid, path: &Path, cache: Option<PathBuf>) -> TestServer {
+    start_settling(
+        grid,
+        path,
+        cache,
+        tessera_server::chunks::DEFAULT_SETTLE_WINDOW,
+    )
+    .await
 }
 
 /// A server with stability window `settle`: shorter than a racing writer's pauses, so the
 /// readers are served between its writes and only the writer probe keeps them safe.
-async fn start_settling(path: &Path, cache: Option<PathBuf>, settle: Duration) -> TestServer {
-    TestServer::start_with(vec![path.to_path_buf()], |c| {
-        c.chunk_target = CHUNK;
+async fn start_settling(
+    grid: Grid,
+    path: &Path,
+    cache: Option<PathBuf>,
+    settle: Duration,
+) -> TestServer {
+    TestServer::start_on(grid, vec![path.to_path_buf()], |c| {
+        c.chunk_target = grid.chunk_target_for(CHUNK);
         c.settle_window = settle;
         if let Some(dir) = cache {
             c.cache_dir = dir;
@@ -56,7 +67,9 @@ async fn read_plan(client: &mut FlightClient) -> Result<Vec<(u64, Vec<u8>)>, ton
         .await
         .map_err(status_of)?;
     let mut out = Vec::new();
-    for (start, _, ticket) in endpoint_bounds(&info) {
+    let cells = endpoint_bounds(&info);
+    assert_eq!(cells.len(), 8, "eight 8 MiB cells");
+    for (start, _, ticket) in cells {
         let batches: Vec<_> = client
             .do_get(ticket)
             .await
@@ -96,7 +109,9 @@ async fn read_located(client: &mut FlightClient) -> Vec<(u64, Vec<u8>)> {
         .await
         .unwrap();
     let mut out = Vec::new();
-    for (start, _, ticket) in endpoint_bounds(&info) {
+    let cells = endpoint_bounds(&info);
+    assert_eq!(cells.len(), 8, "eight 8 MiB cells");
+    for (start, _, ticket) in cells {
         let answer = action_json(client, "chunk_locate", ticket.ticket.to_vec()).await;
         let located = Located::from_json(&answer).expect("file cache locates chunks");
         let segment = std::fs::read(&located.path).unwrap();
@@ -114,15 +129,14 @@ fn assert_exactly(read: &[(u64, Vec<u8>)], data: &[u8]) {
     assert!(whole == data, "the read differs from the file's bytes");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_in_progress_is_refused_then_served_whole() {
+async fn a_write_in_progress_is_refused_then_served_whole(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.npy");
     let old = pattern(payload_len(), 1);
     let new = pattern(payload_len(), 2);
     write_npy(&path, "|u1", &SHAPE, &old);
     let offset = data_offset(&path);
-    let server = start(&path, None).await;
+    let server = start(grid, &path, None).await;
     let mut client = server.client().await;
     assert_exactly(&read_plan(&mut client).await.unwrap(), &old);
 
@@ -153,21 +167,20 @@ async fn a_write_in_progress_is_refused_then_served_whole() {
     assert_exactly(&read_located(&mut client).await, &new);
     let kept = server.stop_keeping_cache().await;
 
-    let server = start(&path, Some(kept.path().join("cache"))).await;
+    let server = start(grid, &path, Some(kept.path().join("cache"))).await;
     let mut client = server.client().await;
     assert_exactly(&read_plan(&mut client).await.unwrap(), &new);
     assert_exactly(&read_located(&mut client).await, &new);
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn single_pwrites_racing_readers_never_mix_versions() {
+async fn single_pwrites_racing_readers_never_mix_versions(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.npy");
     let versions: Vec<Vec<u8>> = (1..=3).map(|seed| pattern(payload_len(), seed)).collect();
     write_npy(&path, "|u1", &SHAPE, &versions[0]);
     let offset = data_offset(&path);
-    let server = start_settling(&path, None, Duration::from_millis(50)).await;
+    let server = start_settling(grid, &path, None, Duration::from_millis(50)).await;
     let views: Vec<&[u8]> = versions.iter().map(|v| v.as_slice()).collect();
 
     // Each new version is written with one pwrite of the whole payload while two readers
@@ -215,10 +228,15 @@ async fn single_pwrites_racing_readers_never_mix_versions() {
     assert_exactly(&read_plan(&mut client).await.unwrap(), last);
     assert_exactly(&read_located(&mut client).await, last);
     let kept = server.stop_keeping_cache().await;
-    let server = start(&path, Some(kept.path().join("cache"))).await;
+    let server = start(grid, &path, Some(kept.path().join("cache"))).await;
     let mut client = server.client().await;
     let read = read_plan(&mut client).await.unwrap();
     assert_eq!(version_of(&read, &views), versions.len() - 1);
     assert_exactly(&read_located(&mut client).await, last);
     server.stop().await;
 }
+
+on_both_grids!(
+    a_write_in_progress_is_refused_then_served_whole,
+    single_pwrites_racing_readers_never_mix_versions
+);

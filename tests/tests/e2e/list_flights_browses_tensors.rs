@@ -8,14 +8,15 @@ use arrow_flight::flight_descriptor::DescriptorType;
 use futures::TryStreamExt;
 use tessera_e2e::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_flights_names_every_tensor_with_its_plan() {
+async fn list_flights_names_every_tensor_with_its_plan(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let a = pattern(40 * 30 * 2, 11);
     write_npy(&dir.path().join("a.npy"), "<i2", &[40, 30], &a);
     write_npy(&dir.path().join("b.npy"), "|u1", &[5], &[9, 8, 7, 6, 5]);
-    let server =
-        TestServer::start_with(vec![dir.path().to_path_buf()], |c| c.chunk_target = 600).await;
+    let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
+        c.chunk_target = grid.chunk_target_for(600)
+    })
+    .await;
     let mut client = server.client().await;
 
     let infos = list_all_flights(&mut client).await;
@@ -63,7 +64,7 @@ async fn list_flights_names_every_tensor_with_its_plan() {
         .await
         .unwrap();
     let endpoints = endpoint_bounds(&info);
-    assert!(endpoints.len() > 1);
+    assert_eq!(endpoints.len(), 4, "600-byte cells of 2,400 bytes");
     let mut assembled = Vec::new();
     for (_, _, ticket) in endpoints {
         let (bytes, _, _) = chunk_parts(&fetch_chunk(&mut client, ticket).await);
@@ -75,3 +76,5 @@ async fn list_flights_names_every_tensor_with_its_plan() {
     );
     server.stop().await;
 }
+
+on_both_grids!(list_flights_names_every_tensor_with_its_plan);

@@ -7,6 +7,18 @@
 //! temporary directories and loopback ports, and servers whose memory is measured run as
 //! child processes. Run one scenario with
 //! `cargo test -p tessera-e2e --test e2e SCENARIO::`.
+//!
+//! **Both grids** (docs/decisions/0015). Every scenario that reads a tensor's bytes through
+//! a plan runs twice, as `…::fine` and `…::coarse` (`on_both_grids!` in `tests/src/lib.rs`):
+//! on the fine grid socket readers get, and on the coarse grid loopback clients that map get,
+//! with the fine grid configured beside it as in a daemon; each checks that its plans were
+//! cut on its grid (`assert_planned_on`). Scenarios that count chunks ask for the same cell
+//! size on both (`Grid::chunk_target_for`). One grid only, by design: the 2 GiB memory
+//! bounds, stalled and unread DoGet streams and idle connections (the socket route, which
+//! remote clients take and which never plans coarse for them), the memory cache (never
+//! mappable, so never coarse), and scenarios that refuse input or browse without reading
+//! bytes. `both_plans_serve_the_same_bytes` reads one tensor through both plans of one
+//! learning server.
 
 mod both_plans_serve_the_same_bytes;
 mod cache_files_are_private_unless_shared;

@@ -44,14 +44,13 @@ async fn fetch_message_bytes(client: &mut FlightClient, ticket: Ticket) -> u64 {
     bytes
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scrape_counts_a_known_workload_exactly() {
+async fn scrape_counts_a_known_workload_exactly(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.npy");
     write_npy(&path, "<u2", &[64, 64], &pattern(64 * 64 * 2, 5));
-    let server = TestServer::start_with(vec![path], |config| {
+    let server = TestServer::start_on(grid, vec![path], |config| {
         config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-        config.chunk_target = 2048;
+        config.chunk_target = grid.chunk_target_for(2048);
         config.read_ahead_bytes = 0;
     })
     .await;
@@ -180,3 +179,5 @@ async fn scrape_counts_a_known_workload_exactly() {
     assert_eq!(http_request(metrics, "GET", "/other").await.status, 404);
     server.stop().await;
 }
+
+on_both_grids!(scrape_counts_a_known_workload_exactly);

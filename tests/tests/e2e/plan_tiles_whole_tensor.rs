@@ -6,15 +6,16 @@ use prost::Message;
 use tessera_e2e::*;
 use tessera_proto::pb::TensorDescriptor;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn whole_tensor_plan_tiles_and_serves_exact_bytes() {
+async fn whole_tensor_plan_tiles_and_serves_exact_bytes(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let shape = [5u64, 300, 200];
     let data = pattern(5 * 300 * 200 * 2, 1);
     write_npy(&dir.path().join("vol.npy"), "<u2", &shape, &data);
     // A small target forces many chunks, including a split inside the planes.
-    let server =
-        TestServer::start_with(vec![dir.path().to_path_buf()], |c| c.chunk_target = 50_000).await;
+    let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
+        c.chunk_target = 50_000
+    })
+    .await;
     let mut client = server.client().await;
 
     let info = client
@@ -42,9 +43,10 @@ async fn whole_tensor_plan_tiles_and_serves_exact_bytes() {
         "an unsliced read at the origin has no slice_hint"
     );
 
+    server.assert_planned_on_its_grid(&info);
     let endpoints = endpoint_bounds(&info);
     assert!(
-        endpoints.len() > 5,
+        endpoints.len() > 2,
         "expected several chunks, got {}",
         endpoints.len()
     );
@@ -70,3 +72,5 @@ async fn whole_tensor_plan_tiles_and_serves_exact_bytes() {
     }
     server.stop().await;
 }
+
+on_both_grids!(whole_tensor_plan_tiles_and_serves_exact_bytes);

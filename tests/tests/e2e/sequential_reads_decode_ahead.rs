@@ -8,15 +8,16 @@ use std::time::Duration;
 use arrow_flight::{FlightClient, Ticket};
 use tessera_e2e::*;
 
-/// 10 planes of 64 KiB: one chunk per plane at a 64 KiB chunk target.
+/// 10 planes of 64 KiB: one chunk per plane at a 64 KiB target, on either grid.
 const SHAPE: [u64; 3] = [10, 64, 1024];
 const PLANE: u64 = 64 * 1024;
 
-async fn plan(client: &mut FlightClient) -> Vec<Ticket> {
+async fn plan(server: &TestServer, client: &mut FlightClient) -> Vec<Ticket> {
     let info = client
         .get_flight_info(read_descriptor("vol", None))
         .await
         .unwrap();
+    server.assert_planned_on_its_grid(&info);
     let bounds = endpoint_bounds(&info);
     assert_eq!(bounds.len(), SHAPE[0] as usize, "one chunk per plane");
     for (i, (start, _, _)) in bounds.iter().enumerate() {
@@ -35,18 +36,18 @@ struct Reader {
 }
 
 impl Reader {
-    async fn start(read_ahead: u64) -> Reader {
+    async fn start(grid: Grid, read_ahead: u64) -> Reader {
         let dir = tempfile::tempdir().unwrap();
         let data = pattern((SHAPE.iter().product::<u64>()) as usize, 11);
         let path = dir.path().join("vol.npy");
         write_npy(&path, "|u1", &SHAPE, &data);
-        let server = TestServer::start_with(vec![path], |c| {
-            c.chunk_target = PLANE;
+        let server = TestServer::start_on(grid, vec![path], |c| {
+            c.chunk_target = grid.chunk_target_for(PLANE);
             c.read_ahead_bytes = read_ahead;
         })
         .await;
         let mut client = server.client().await;
-        let tickets = plan(&mut client).await;
+        let tickets = plan(&server, &mut client).await;
         // A cold plan starts decoding its two end cells (0 and 9) before any request
         // (tests/tests/e2e/cold_plans_decode_their_ends.rs); the walks below start after.
         if read_ahead > 0 {
@@ -79,9 +80,8 @@ impl Reader {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sequential_requests_decode_the_next_chunks_ahead() {
-    let mut r = Reader::start(3 * PLANE).await;
+async fn sequential_requests_decode_the_next_chunks_ahead(grid: Grid) {
+    let mut r = Reader::start(grid, 3 * PLANE).await;
 
     // Cell 0 (decoded by the plan) starts a read from the beginning: cells 1..=3 are
     // decoded ahead.
@@ -111,9 +111,8 @@ async fn sequential_requests_decode_the_next_chunks_ahead() {
     r.server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_ahead_zero_decodes_only_what_is_asked() {
-    let mut r = Reader::start(0).await;
+async fn read_ahead_zero_decodes_only_what_is_asked(grid: Grid) {
+    let mut r = Reader::start(grid, 0).await;
     for i in 0..3 {
         r.fetch(i).await;
     }
@@ -125,10 +124,9 @@ async fn read_ahead_zero_decodes_only_what_is_asked() {
     r.server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_from_the_last_chunk_decodes_backward() {
+async fn a_read_from_the_last_chunk_decodes_backward(grid: Grid) {
     // dask schedules an array's blocks from the last one: read-ahead follows it down.
-    let mut r = Reader::start(3 * PLANE).await;
+    let mut r = Reader::start(grid, 3 * PLANE).await;
     r.fetch(9).await;
     assert_eq!(r.stats().await["read_aheads"], 2 + 3);
     let before = wait_for_entries(&mut r.client, 2 + 3).await;
@@ -139,3 +137,9 @@ async fn a_read_from_the_last_chunk_decodes_backward() {
     assert_eq!(after["misses"], before["misses"], "{before} -> {after}");
     r.server.stop().await;
 }
+
+on_both_grids!(
+    sequential_requests_decode_the_next_chunks_ahead,
+    read_ahead_zero_decodes_only_what_is_asked,
+    a_read_from_the_last_chunk_decodes_backward
+);

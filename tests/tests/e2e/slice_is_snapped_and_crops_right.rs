@@ -6,14 +6,15 @@ use prost::Message;
 use tessera_e2e::*;
 use tessera_proto::pb::TensorDescriptor;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slices_are_realized_on_the_grid_and_crop_to_the_request() {
+async fn slices_are_realized_on_the_grid_and_crop_to_the_request(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let shape = [7u64, 64, 90];
     let data = pattern(7 * 64 * 90 * 4, 2);
     write_npy(&dir.path().join("f.npy"), ">f4", &shape, &data);
-    let server =
-        TestServer::start_with(vec![dir.path().join("f.npy")], |c| c.chunk_target = 8_000).await;
+    let server = TestServer::start_on(grid, vec![dir.path().join("f.npy")], |c| {
+        c.chunk_target = 8_000
+    })
+    .await;
     let mut client = server.client().await;
 
     for (start, stop) in [
@@ -36,6 +37,7 @@ async fn slices_are_realized_on_the_grid_and_crop_to_the_request() {
             assert_eq!(desc.shape[axis], real.stop[axis] - real.start[axis]);
         }
         assert_eq!(desc.dtype, ">f4");
+        server.assert_planned_on_its_grid(&info);
         let realized: Vec<u64> = desc.shape.iter().map(|&d| d as u64).collect();
         let endpoints = endpoint_bounds(&info);
         let boxes: Vec<_> = endpoints
@@ -79,3 +81,5 @@ fn scatter(dst: &mut [u8], shape: &[u64], item: usize, start: &[u64], stop: &[u6
         }
     }
 }
+
+on_both_grids!(slices_are_realized_on_the_grid_and_crop_to_the_request);

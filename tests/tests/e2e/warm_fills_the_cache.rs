@@ -9,8 +9,7 @@ use tessera_server::config::CacheKind;
 use tessera_server::scaled::Method;
 use tessera_server::scaled::pyramid::PyramidPolicy;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_warm_locates_hit_without_decoding() {
+async fn after_warm_locates_hit_without_decoding(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     write_npy(
         &dir.path().join("w1.npy"),
@@ -19,8 +18,8 @@ async fn after_warm_locates_hit_without_decoding() {
         &pattern(4000, 1),
     );
     write_npy(&dir.path().join("w2.npy"), "<f8", &[300], &pattern(2400, 2));
-    let server = TestServer::start_with(vec![dir.path().to_path_buf()], |config| {
-        config.chunk_target = 1024;
+    let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |config| {
+        config.chunk_target = grid.chunk_target_for(1024);
     })
     .await;
     let location = format!("grpc://{}", server.addr);
@@ -102,8 +101,7 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_levels_fills_the_advertised_pyramid_level() {
+async fn warm_levels_fills_the_advertised_pyramid_level(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     write_npy(
         &dir.path().join("p.npy"),
@@ -111,8 +109,8 @@ async fn warm_levels_fills_the_advertised_pyramid_level() {
         &[200, 300],
         &pattern(60_000, 4),
     );
-    let server = TestServer::start_with(vec![dir.path().to_path_buf()], |config| {
-        config.chunk_target = 4096;
+    let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |config| {
+        config.chunk_target = grid.chunk_target_for(4096);
         // A small policy, so a small tensor has a computed level: [4, 8] here.
         config.pyramid = PyramidPolicy {
             method: Method::Area,
@@ -154,3 +152,8 @@ async fn warm_levels_fills_the_advertised_pyramid_level() {
     assert_eq!(after["total_entries"], before["total_entries"], "{after}");
     server.stop().await;
 }
+
+on_both_grids!(
+    after_warm_locates_hit_without_decoding,
+    warm_levels_fills_the_advertised_pyramid_level
+);
