@@ -8,8 +8,12 @@ Each repetition starts each binary on an empty cache directory (source in the pa
 and times one `TensorFlightClient(...).get_tensor(id).compute()` of the 256 MiB u16 tensor
 in a new process, over mmap and over do_get, as `benches/run.py`'s "first read of a fresh
 process" rows do: on the fresh server ("cold"), and on a server another process has read
-the tensor from once ("warm"). The bytes are compared with numpy. Prints medians, the
-candidate/baseline ratio and each server's CPU per read.
+the tensor from once ("warm"). `--only fine/mmap` times the mapped first read on a server
+restarted over a cache that holds the tensor on the fine grid only (a server with
+`--loopback-plans socket` read it once over do_get first: what socket readers leave behind),
+so its coarse cells are decoded again or cut from the fine ones (decision 0024). The bytes
+are compared with numpy. Prints medians, the candidate/baseline ratio and each server's CPU
+per read.
 """
 
 import argparse
@@ -36,6 +40,8 @@ def main():
     cases = [(state, mode) for state in ("cold", "warm") for mode in ("mmap", "doget")]
     if args.only:
         cases = [tuple(args.only.split("/"))]
+        if cases[0][0] not in ("cold", "warm", "fine"):
+            ap.error(f"--only {args.only}: the state is cold, warm or fine")
     times = {(b, c): [] for b in bins for c in cases}
     cpus = {(b, c): [] for b in bins for c in cases}
     cache = work / "ab-cache"
@@ -47,6 +53,13 @@ def main():
         for state, mode in cases:
             for name, binary in order:
                 shutil.rmtree(cache, ignore_errors=True)
+                if state == "fine":
+                    first = run.Server(binary, [path], cache, ("--loopback-plans", "socket"))
+                    try:
+                        run.run_worker({"kind": "read", "location": first.location, "ids": ["w256"],
+                                        "mode": "doget", "reps": 1})
+                    finally:
+                        first.stop()
                 server = run.Server(binary, [path], cache)
                 try:
                     if state == "warm":

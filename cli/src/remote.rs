@@ -301,6 +301,7 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
             s.budget_waits, s.budget_overruns
         ),
         format!("  decoded ahead:      {}", s.read_aheads),
+        format!("  recut from cache:   {}", s.recuts),
         format!("  oversized skips:    {}", s.oversized_skips),
         format!(
             "  segments:           {} ({} unlinked, maybe still mapped)",
@@ -434,6 +435,7 @@ mod tests {
             budget_waits: 6,
             budget_overruns: 0,
             read_aheads: 7,
+            recuts: 1,
             pinned_bytes: 2 << 20,
             stalled_connections_closed: 1,
             write_failures: 3,

@@ -210,7 +210,7 @@ pub enum CacheBackend {
 
 /// Reply of the `cache_stats` action: the reference server's keys plus Tessera's
 /// `unlinked_bytes`, `segments`, `locates`, `do_gets`, `budget_waits`, `budget_overruns`,
-/// `read_aheads` and `backend`.
+/// `read_aheads`, `recuts` and `backend`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheStats {
     /// Chunks held in the cache.
@@ -252,6 +252,10 @@ pub struct CacheStats {
     /// from servers without read-ahead.
     #[serde(default)]
     pub read_aheads: u64,
+    /// Chunks written from cached chunks of the tensor's other grid instead of read from
+    /// the source. Absent (0) from servers with one grid.
+    #[serde(default)]
+    pub recuts: u64,
     /// Bytes of chunk replies the peers have not read yet (evicted segments and memory-cache
     /// chunks they still hold included). Absent (0) from servers without the ledger.
     #[serde(default)]

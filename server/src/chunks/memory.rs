@@ -185,8 +185,16 @@ impl ChunkStore for MemoryStore {
         &self,
         key: &[u8],
         meta: &EntryMeta,
-        data: &[u8],
+        parts: &[&[u8]],
     ) -> Result<Materialized, StoreError> {
+        let joined;
+        let data = match parts {
+            [one] => *one,
+            many => {
+                joined = many.concat();
+                joined.as_slice()
+            }
+        };
         let chunk = encode_in_memory(key, meta, data).map_err(StoreError::from)?;
         self.cache.insert(key, chunk.clone());
         Ok(Materialized::InMemory(chunk))
@@ -224,6 +232,7 @@ impl ChunkStore for MemoryStore {
             budget_waits: 0,
             budget_overruns: 0,
             read_aheads: 0,
+            recuts: 0,
             pinned_bytes: 0,
             stalled_connections_closed: 0,
             write_failures: 0,

@@ -40,6 +40,7 @@
 mod buffers;
 mod memory;
 mod readahead;
+mod recut;
 mod regrid;
 mod single_flight;
 mod store;
@@ -132,6 +133,8 @@ pub struct ChunkService {
     locates: AtomicU64,
     do_gets: AtomicU64,
     read_aheads: AtomicU64,
+    /// Chunks cut out of cached chunks of the other grid (`recut`).
+    recuts: AtomicU64,
     /// Where decode and write latencies are recorded.
     metrics: Metrics,
 }
@@ -154,6 +157,7 @@ impl ChunkService {
             locates: AtomicU64::new(0),
             do_gets: AtomicU64::new(0),
             read_aheads: AtomicU64::new(0),
+            recuts: AtomicU64::new(0),
             metrics: Metrics::default(),
         }
     }
@@ -425,6 +429,26 @@ impl ChunkService {
                 ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id))
             }
         };
+        let mut try_append = self.writes.should_try();
+        // Cached chunks of the other grid hold these bytes: one copy from their mappings,
+        // no source read (`recut`); they are of the same content version, so no source check.
+        if try_append && let Some(parts) = self.cut_from_other_grid(tensor, id) {
+            let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_ref()).collect();
+            let started = std::time::Instant::now();
+            let appended = self.store.append(&key, &meta, &parts);
+            self.metrics.record_write(started.elapsed());
+            match appended {
+                Ok(kept) => {
+                    self.writes.succeeded();
+                    self.recuts.fetch_add(1, Ordering::Relaxed);
+                    return Ok(kept);
+                }
+                Err(err) => {
+                    self.writes.failed(&err);
+                    try_append = false;
+                }
+            }
+        }
         // Only bytes of one complete version are ever cached: no writer, nothing touched
         // within the window, header and identity as planned (checked again after reading).
         tensor
@@ -435,7 +459,6 @@ impl ChunkService {
             tensor.file.check_unchanged()?;
             tensor.file.check_no_writer()
         };
-        let mut try_append = self.writes.should_try();
         let started = std::time::Instant::now();
         // One copy: source pages to segment pages inside the kernel, when the store can.
         // The source is checked unchanged after the copy and before the entry is committed,
@@ -493,7 +516,7 @@ impl ChunkService {
 
         if try_append {
             let started = std::time::Instant::now();
-            let appended = self.store.append(&key, &meta, buffer.as_slice());
+            let appended = self.store.append(&key, &meta, &[buffer.as_slice()]);
             self.metrics.record_write(started.elapsed());
             match appended {
                 Ok(kept) => {
@@ -527,6 +550,7 @@ impl ChunkService {
         stats.locates = self.locates.load(Ordering::Relaxed);
         stats.do_gets = self.do_gets.load(Ordering::Relaxed);
         stats.read_aheads = self.read_aheads.load(Ordering::Relaxed);
+        stats.recuts = self.recuts.load(Ordering::Relaxed);
         stats.write_failures = self.writes.failures();
         stats.writes_paused = self.writes.paused();
         stats

@@ -39,9 +39,13 @@ pub trait ChunkStore: Send + Sync {
     /// sequential reader; `None` turns read-ahead off.
     fn read_ahead_room(&self) -> Option<u64>;
 
-    /// Keeps the chunk whose raw C-order bytes are `data`.
-    fn append(&self, key: &[u8], meta: &EntryMeta, data: &[u8])
-    -> Result<Materialized, StoreError>;
+    /// Keeps the chunk whose raw C-order bytes are the concatenation of `parts`.
+    fn append(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        parts: &[&[u8]],
+    ) -> Result<Materialized, StoreError>;
 
     /// Keeps the chunk whose raw bytes are `src`'s byte range, copying file to file, with
     /// `check` run after the copy and before the chunk becomes visible. `None`: this store
@@ -110,9 +114,9 @@ impl ChunkStore for SegmentFiles {
         &self,
         key: &[u8],
         meta: &EntryMeta,
-        data: &[u8],
+        parts: &[&[u8]],
     ) -> Result<Materialized, StoreError> {
-        self.store.append(key, meta, &[data])?;
+        self.store.append(key, meta, parts)?;
         Ok(Materialized::Stored)
     }
 
@@ -151,6 +155,7 @@ impl ChunkStore for SegmentFiles {
             budget_waits: s.budget_waits,
             budget_overruns: s.budget_overruns,
             read_aheads: 0,
+            recuts: 0,
             pinned_bytes: 0,
             stalled_connections_closed: 0,
             write_failures: 0,
@@ -193,7 +198,7 @@ mod tests {
         let mut bodies = Vec::new();
         for store in stores {
             assert!(!store.contains(b"k"));
-            let kept = store.append(b"k", &meta(256), &data).unwrap();
+            let kept = store.append(b"k", &meta(256), &[&data]).unwrap();
             let chunk = match kept {
                 Materialized::Stored => store.read(b"k").unwrap().unwrap(),
                 Materialized::InMemory(chunk) => chunk,

@@ -100,6 +100,11 @@ impl Collector for StateCollector {
                 stats.read_aheads,
             ),
             (
+                "recuts",
+                "Chunks written from cached chunks of the tensor's other grid, not the source.",
+                stats.recuts,
+            ),
+            (
                 "write_failures",
                 "Cache appends that failed (the chunk was served from memory).",
                 stats.write_failures,

@@ -25,6 +25,7 @@ mod cache_files_are_private_unless_shared;
 mod catalog_bounds;
 mod catalog_sql;
 mod catalog_sql_text_is_answered_or_refused;
+mod cells_are_cut_from_the_other_grids_cache;
 mod changing_sources_never_serve_stale_bytes;
 mod chunk_locate_points_at_the_message;
 mod cold_2gib_read_keeps_server_memory_bounded;
