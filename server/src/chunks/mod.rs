@@ -432,17 +432,9 @@ impl ChunkService {
         let mut try_append = self.writes.should_try();
         // Cached chunks of the other grid hold these bytes: one copy from their mappings,
         // no source read (`recut`); they are of the same content version, so no source check.
-        if try_append && let Some(parts) = self.cut_from_other_grid(tensor, id) {
-            let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_ref()).collect();
-            let started = std::time::Instant::now();
-            let appended = self.store.append(&key, &meta, &parts);
-            self.metrics.record_write(started.elapsed());
+        if try_append && let Some(appended) = self.append_cut(tensor, id, &key, &meta) {
             match appended {
-                Ok(kept) => {
-                    self.writes.succeeded();
-                    self.recuts.fetch_add(1, Ordering::Relaxed);
-                    return Ok(kept);
-                }
+                Ok(kept) => return Ok(kept),
                 Err(err) => {
                     self.writes.failed(&err);
                     try_append = false;

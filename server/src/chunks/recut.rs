@@ -16,19 +16,43 @@
 
 use std::ops::Range;
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use tessera_segments::ipc::DATA_BODY_OFFSET;
+use tessera_segments::{EntryMeta, StoreError};
 
-use super::ChunkService;
+use super::{ChunkService, Materialized};
 use crate::chunk_id::ChunkId;
 use crate::grid::{ChunkGrid, Region, element_range};
 use crate::source::registry::Tensor;
 
 impl ChunkService {
+    /// Appends the cell `id` (under `key`, described by `meta`) cut from the other grid's
+    /// cached chunks; `None` when it cannot be cut, so the source is read instead.
+    pub(super) fn append_cut(
+        &self,
+        tensor: &Tensor,
+        id: &ChunkId,
+        key: &[u8],
+        meta: &EntryMeta,
+    ) -> Option<Result<Materialized, StoreError>> {
+        let parts = self.cut_from_other_grid(tensor, id)?;
+        let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_ref()).collect();
+        let started = std::time::Instant::now();
+        let appended = self.store.append(key, meta, &parts);
+        self.metrics.record_write(started.elapsed());
+        if appended.is_ok() {
+            self.writes.succeeded();
+            self.recuts.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(appended)
+    }
+
     /// The C-order bytes of the unscaled cell `id`, as slices of the mappings of cached
     /// chunks of the tensor's other grid, in order; `None` when they cannot all be cut
     /// that way (a chunk not cached, an overlap that is not one run, a scaled chunk).
-    pub(super) fn cut_from_other_grid(&self, tensor: &Tensor, id: &ChunkId) -> Option<Vec<Bytes>> {
+    fn cut_from_other_grid(&self, tensor: &Tensor, id: &ChunkId) -> Option<Vec<Bytes>> {
         if id.scale().is_some() || tensor.grid == tensor.mapped_grid {
             return None;
         }

@@ -113,6 +113,10 @@ async fn coarse_and_fine_plans_serve_the_same_bytes_by_both_routes() {
     };
     let stats = action_json(&mut client, "cache_stats", Vec::new()).await;
     assert_eq!(stats["total_entries"], 3 + 12, "both grids cached: {stats}");
+    assert_eq!(
+        stats["recuts"], 12,
+        "the fine cells were cut from the cached coarse chunks (decision 0024): {stats}"
+    );
     let misses = stats["misses"].clone();
     let fine_cells = endpoint_bounds(&fine);
     assert_eq!(fine_cells.len(), 12);
