@@ -525,14 +525,17 @@ def measure_cold(binary, files, name, mode, reps, work, results, extra=()):
           f"  (page cache {'dropped' if dropped else 'NOT dropped'})", flush=True)
 
 
-def first_read_rows(start, array_id, path, name, mode, reps, results, suffix=""):
+def first_read_rows(start, array_id, path, name, mode, reps, results, suffix="", fine_warm=None):
     """The first read of a fresh client process, on a fresh server (empty cache, source in
     the page cache) and on a warm one (the same tensor read once by another process before):
-    `start()` starts a server and returns it; the caller's `finally` stops nothing here."""
-    for state in ("cold", "warm"):
+    `start()` starts a server and returns it; the caller's `finally` stops nothing here.
+    `fine_warm()`, when given, starts a server over a cache that holds the tensor on the fine
+    grid only (what socket readers leave), for one more row of the mapped reads."""
+    states = ("cold", "warm", "fine-warm") if fine_warm and mode == "mmap" else ("cold", "warm")
+    for state in states:
         times, cpus = [], []
         for _ in range(reps):
-            server = start()
+            server = fine_warm() if state == "fine-warm" else start()
             try:
                 if state == "warm":
                     run_worker({"kind": "read", "location": server.location, "ids": [array_id],
@@ -926,7 +929,12 @@ first). *Cold*: a new server with an empty cache directory per repetition; the c
 process first reads another tensor of that server (so its own first-call costs, imports,
 thread pools, allocator arenas and the connection, are paid), then runs
 `echo 1 > /proc/sys/vm/drop_caches` (so the source comes from disk) and plans the tensor
-before the clock starts; server CPU is that of the timed read. Anchors, same run, same bytes:
+before the clock starts; server CPU is that of the timed read. *First read of a fresh
+process*: one `get_tensor(id).compute()` in a new client process, timed whole, on a new
+server (*cold server*), on one another process read the tensor from once (*warm server*),
+and, over mmap, on a server restarted over a cache that holds the tensor on the fine grid
+only (*fine-warm server*: a server planning loopback reads there read it over do_get, as
+socket readers leave it). Anchors, same run, same bytes:
 `np.load` of the same file (page cache warm; it allocates a fresh array each time),
 `np.copyto` into a preallocated touched array (memcpy), one loopback TCP connection
 (`sendall`/`recv_into`). Server CPU is user+system time from `/proc/PID/stat` over the
@@ -1072,8 +1080,22 @@ def main():
         shutil.rmtree(first_cache, ignore_errors=True)
         return Server(args.bin, [files["w256"]], first_cache, extra)
 
+    def fine_warm_tessera():
+        # Socket readers leave the tensor on the fine grid: a server that plans loopback reads
+        # there reads it once over do_get; the measured server starts over that cache and cuts
+        # its coarse cells from the fine chunks (decision 0024).
+        shutil.rmtree(first_cache, ignore_errors=True)
+        first = Server(args.bin, [files["w256"]], first_cache, [*extra, "--loopback-plans", "socket"])
+        try:
+            run_worker({"kind": "read", "location": first.location, "ids": ["w256"], "mode": "doget",
+                        "reps": 1})
+        finally:
+            first.stop()
+        return Server(args.bin, [files["w256"]], first_cache, extra)
+
     for mode in ("doget", "mmap"):
-        first_read_rows(fresh_tessera, "w256", files["w256"], "w256", mode, cold_reps, res)
+        first_read_rows(fresh_tessera, "w256", files["w256"], "w256", mode, cold_reps, res,
+                        fine_warm=fine_warm_tessera)
     shutil.rmtree(first_cache, ignore_errors=True)
 
     reference = None
