@@ -46,9 +46,7 @@ impl Grid {
             Grid::Coarse => cell / COARSE_FACTOR,
         }
     }
-}
 
-impl Grid {
     /// `tessera serve` flags for a server process whose plans on this grid have a
     /// `cell`-byte target: `--chunk-target`, and on the coarse grid `--mapped-chunk-target`
     /// and `--loopback-plans mapped` (the harness's environment turns the coarse grid off).

@@ -270,7 +270,7 @@ impl ChunkService {
     /// Nothing is read ahead while appends fail: a chunk decoded ahead would only land in
     /// the memory fallback.
     fn read_ahead(self: &Arc<Self>, tensor: &Arc<Tensor>, id: &ChunkId) {
-        let Some(room) = self.store.read_ahead_room() else {
+        let Some(room) = self.room_ahead() else {
             return;
         };
         // Scaled chunks are not read ahead: a viewer asks for the few chunks of a level
@@ -282,9 +282,6 @@ impl ChunkService {
         let Some(grid) = tensor.grid_of(id.region()) else {
             return;
         };
-        if self.writes.failing() {
-            return;
-        }
         let window = readahead::window_chunks(
             self.read_ahead_bytes,
             grid.chunk_bytes(tensor.itemsize()),
@@ -310,12 +307,7 @@ impl ChunkService {
     /// (a later plan of a tensor being read), for a scaled plan, with read-ahead off
     /// (budget 0), without a file cache, or while appends fail.
     pub fn read_ahead_plan(self: &Arc<Self>, tensor: &Arc<Tensor>, first: ChunkId, last: ChunkId) {
-        if self.read_ahead_bytes == 0
-            || self.store.read_ahead_room().is_none()
-            || self.writes.failing()
-            || first.scale().is_some()
-            || last.scale().is_some()
-        {
+        if self.room_ahead().is_none() || first.scale().is_some() || last.scale().is_some() {
             return;
         }
         if self.is_present(&first.segment_key()) || self.is_present(&last.segment_key()) {
@@ -326,6 +318,16 @@ impl ChunkService {
         if !same {
             self.decode_in_background(tensor, last);
         }
+    }
+
+    /// The cache's room for chunks decoded before anyone asks (read-ahead, plan ends, a grid
+    /// fill); `None` when nothing may be: read-ahead off (budget 0), no file cache, or
+    /// appends failing (a chunk decoded ahead would only land in the memory fallback).
+    fn room_ahead(&self) -> Option<u64> {
+        if self.read_ahead_bytes == 0 || self.writes.failing() {
+            return None;
+        }
+        self.store.read_ahead_room()
     }
 
     /// Whether the chunk under `key` is cached, being decoded, or queued for a decode.

@@ -40,12 +40,9 @@ impl ChunkService {
     /// [`ChunkService::ends_cached`] turns true once the rest is in. Returns at once;
     /// nothing starts with read-ahead off, without a file cache, or while appends fail.
     pub fn fill_grid(self: &Arc<Self>, tensor: &Arc<Tensor>, grid: &ChunkGrid) {
-        let Some(room) = self.store.read_ahead_room() else {
+        let Some(room) = self.room_ahead() else {
             return;
         };
-        if self.read_ahead_bytes == 0 || self.writes.failing() {
-            return;
-        }
         let cells = grid.num_chunks();
         let chunk_bytes = grid.chunk_bytes(tensor.itemsize()).max(1);
         let budget = usize::try_from(room / 4 / chunk_bytes).unwrap_or(usize::MAX);
