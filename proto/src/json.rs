@@ -227,9 +227,12 @@ pub struct CacheStats {
     pub misses: u64,
     /// Entries evicted.
     pub evictions: u64,
-    /// Lookups that waited for another request filling the same chunk.
+    /// Requests that waited for another request decoding the same chunk, plus appends that
+    /// waited for a concurrent append of the same key.
     pub pending_waits: u64,
-    /// Evictions skipped because the entry was still referenced.
+    /// Eviction passes that stayed over budget because only open (still written) segments
+    /// were left to remove; the reference server's name (a mapped segment is never held:
+    /// eviction unlinks it and the mapping stays valid).
     pub ref_held_evictions_skipped: u64,
     /// Chunks not cached because they exceed the per-entry limit.
     pub oversized_skips: u64,

@@ -6,7 +6,9 @@
 //! biopb client's recovery paths catch. So NOT_FOUND and INVALID_ARGUMENT never
 //! travel as bare codes: they ride inside Arrow's `x-arrow-status*` trailers as
 //! the `extra_info` JSON `{"code": …, "reason": …}` of an UNKNOWN status, which
-//! the biopb client turns into `ValueError`.
+//! the biopb client turns into `ValueError`. Two variants are sent otherwise because the
+//! client expects them so: [`ServiceError::UploadClosed`] as CANCELLED (`UploadRefused`)
+//! and [`ServiceError::Value`] as a bare INVALID_ARGUMENT (`ArrowInvalid`).
 
 use bytes::Bytes;
 use tonic::metadata::{MetadataMap, MetadataValue};

@@ -1,5 +1,6 @@
 //! Flight actions: `health`, `chunk_locate`, `cache_stats`, `catalog_children`,
-//! `remove_source` (one reply each) and `resolve`, `add_source` (streamed replies).
+//! `remove_source`, `roi_prune`, `add_tensor`, `set_upload_status` (one reply each) and
+//! `resolve`, `add_source` (streamed replies).
 
 use std::sync::Arc;
 use std::time::Instant;
