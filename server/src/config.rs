@@ -42,7 +42,9 @@
 //!
 //! Writes: `writable = true` accepts uploads; `state_dir = "/var/lib/tessera"` holds what
 //! users write (uploads, annotations), never evicted; `upload_max_ttl = "168h"` caps the
-//! lifetime of uploads to the scratch source.
+//! lifetime of uploads to the scratch source; `max_upload_cells = 262144` caps an upload's
+//! grid; `max_upload_bytes_in_flight = "1GiB"` and
+//! `max_upload_bytes_in_flight_per_upload = "256MiB"` cap the chunks being received.
 //!
 //! Operations keys: `watch = false` (sources are rescanned by default) and
 //! `watch_interval = "2s"` (live directories),
@@ -67,6 +69,7 @@ use crate::route::LoopbackPlans;
 use crate::source::meta::{Supplied, Units};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
+use crate::uploads::{MAX_IN_FLIGHT_LIMIT, UploadLimits};
 use crate::watch::DEFAULT_WATCH_INTERVAL;
 
 /// Default cap on connections held at once.
@@ -234,6 +237,12 @@ pub struct ConfigFile {
     pub state_dir: Option<PathBuf>,
     /// Longest lifetime of an upload to the scratch source (a duration).
     pub upload_max_ttl: Option<String>,
+    /// Most cells of one upload's grid.
+    pub max_upload_cells: Option<u64>,
+    /// Most bytes of chunk DoPuts being received at once, all uploads (a size).
+    pub max_upload_bytes_in_flight: Option<String>,
+    /// Most bytes of chunk DoPuts being received at once, one upload (a size).
+    pub max_upload_bytes_in_flight_per_upload: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -391,6 +400,21 @@ pub struct ServeArgs {
     /// asks for none, e.g. 168h [default: 168h].
     #[arg(long, env = "TESSERA_UPLOAD_MAX_TTL", value_name = "DURATION")]
     pub upload_max_ttl: Option<String>,
+    /// Most cells (chunks) of one upload's grid; add_tensor refuses a grid with more
+    /// [default: 262144].
+    #[arg(long, env = "TESSERA_MAX_UPLOAD_CELLS", value_name = "N")]
+    pub max_upload_cells: Option<u64>,
+    /// Most bytes of chunk DoPuts being received at once, all uploads; further chunks wait
+    /// up to 30 s for room, then are refused UNAVAILABLE [default: 1GiB].
+    #[arg(long, env = "TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT", value_name = "SIZE")]
+    pub max_upload_bytes_in_flight: Option<String>,
+    /// Most bytes of chunk DoPuts being received at once for one upload [default: 256MiB].
+    #[arg(
+        long,
+        env = "TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_UPLOAD",
+        value_name = "SIZE"
+    )]
+    pub max_upload_bytes_in_flight_per_upload: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -456,6 +480,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
     pub upload_max_ttl: Duration,
+    /// Bounds on uploads' grids and on the chunks being received (`max_upload_*`).
+    pub upload_limits: UploadLimits,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -500,6 +526,7 @@ impl ServeConfig {
             writable: false,
             state_dir: default_state_dir(),
             upload_max_ttl: DEFAULT_UPLOAD_MAX_TTL,
+            upload_limits: UploadLimits::default(),
         }
     }
 
@@ -572,6 +599,13 @@ impl ServeConfig {
             }
             None => DEFAULT_UPLOAD_MAX_TTL,
         };
+        let upload_limits = upload_limits(
+            args.max_upload_cells.or(file.max_upload_cells),
+            args.max_upload_bytes_in_flight
+                .or(file.max_upload_bytes_in_flight),
+            args.max_upload_bytes_in_flight_per_upload
+                .or(file.max_upload_bytes_in_flight_per_upload),
+        )?;
         let watch_interval = match args.watch_interval.or(file.watch_interval) {
             Some(s) => parse_duration(&s)?,
             None => DEFAULT_WATCH_INTERVAL,
@@ -702,8 +736,51 @@ impl ServeConfig {
                 .or(file.state_dir)
                 .unwrap_or_else(default_state_dir),
             upload_max_ttl,
+            upload_limits,
         })
     }
+}
+
+/// The bounds on uploads: each setting over its default. Every one must be at least 1 (a
+/// zero would refuse every upload) and an in-flight limit at most 4 TiB.
+fn upload_limits(
+    max_cells: Option<u64>,
+    in_flight: Option<String>,
+    per_upload: Option<String>,
+) -> Result<UploadLimits, ConfigError> {
+    let defaults = UploadLimits::default();
+    let size = |value: Option<String>, name: &str, default: u64| -> Result<u64, ConfigError> {
+        let Some(text) = value else {
+            return Ok(default);
+        };
+        let bytes = parse_size(&text)?;
+        if bytes == 0 || bytes > MAX_IN_FLIGHT_LIMIT {
+            return Err(ConfigError::Invalid(format!(
+                "{name} '{text}' is outside 1 byte ..= 4TiB: it bounds the bytes of upload \
+                 chunks being received at once"
+            )));
+        }
+        Ok(bytes)
+    };
+    let max_cells = max_cells.unwrap_or(defaults.max_cells);
+    if max_cells == 0 {
+        return Err(ConfigError::Invalid(
+            "max_upload_cells 0 would refuse every upload; use at least 1".to_string(),
+        ));
+    }
+    Ok(UploadLimits {
+        max_cells,
+        max_bytes_in_flight: size(
+            in_flight,
+            "max_upload_bytes_in_flight",
+            defaults.max_bytes_in_flight,
+        )?,
+        max_bytes_in_flight_per_upload: size(
+            per_upload,
+            "max_upload_bytes_in_flight_per_upload",
+            defaults.max_bytes_in_flight_per_upload,
+        )?,
+    })
 }
 
 /// The pyramid policy: the flag's method over the `[pyramid]` table over the defaults.

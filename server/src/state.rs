@@ -208,10 +208,12 @@ impl ServiceState {
                     .map_err(|e| {
                         ServiceError::Internal(format!("locating an upload chunk: {e}"))
                     })??;
-            self.chunks.count_served(true);
-            return located
-                .map(Ok)
-                .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()));
+            let located =
+                located.ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
+            if located.is_ok() {
+                self.chunks.count_served(true);
+            }
+            return Ok(located);
         }
         let (tensor, id) = self.resolve_chunk(chunk_id)?;
         self.chunks.locate(&tensor, &id).await
@@ -476,15 +478,11 @@ impl ServiceState {
     ) -> ServiceResult<EncodedChunk> {
         if let Some(target) = self.upload_read_target(chunk_id)? {
             let uploads = self.uploads.clone();
-            let entry =
+            let chunk =
                 tokio::task::spawn_blocking(move || uploads.map(|u| u.read(&target)).transpose())
                     .await
                     .map_err(|e| ServiceError::Internal(format!("reading an upload chunk: {e}")))??
                     .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
-            let chunk = EncodedChunk {
-                header: entry.header,
-                body: entry.body,
-            };
             self.metrics.record_do_get_bytes(chunk.len() as u64);
             self.chunks.count_served(false);
             return Ok(chunk);

@@ -98,6 +98,20 @@ pub fn render(config: &ServeConfig) -> String {
         "upload_max_ttl".into(),
         Value::String(format_duration(config.upload_max_ttl)),
     );
+    top.insert(
+        "max_upload_cells".into(),
+        Value::Integer(i64::try_from(config.upload_limits.max_cells).unwrap_or(i64::MAX)),
+    );
+    top.insert(
+        "max_upload_bytes_in_flight".into(),
+        Value::String(format_size(config.upload_limits.max_bytes_in_flight)),
+    );
+    top.insert(
+        "max_upload_bytes_in_flight_per_upload".into(),
+        Value::String(format_size(
+            config.upload_limits.max_bytes_in_flight_per_upload,
+        )),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;

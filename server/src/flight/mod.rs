@@ -179,6 +179,21 @@ fn plan_upload_whole(upload: &crate::uploads::Upload, array_id: &str) -> Service
     plan::plan_upload(upload, &request, &request.encode_to_vec())
 }
 
+/// The ListFlights entry of a READY upload: its descriptor and schema without endpoints
+/// (an upload's grid may have far more cells than a listing should carry; a generic tool
+/// plans it with GetFlightInfo of the entry's PATH descriptor).
+fn plan_upload_listed(
+    upload: &crate::uploads::Upload,
+    array_id: &str,
+) -> ServiceResult<FlightInfo> {
+    let request = TensorReadOption {
+        array_id: array_id.to_string(),
+        fields: Some(Default::default()),
+        ..Default::default()
+    };
+    plan::plan_upload(upload, &request, &request.encode_to_vec())
+}
+
 /// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
 /// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
 /// message shows the PATH form that names a tensor by id.
@@ -264,7 +279,7 @@ impl FlightService for TesseraFlight {
         }
         for upload in self.state.ready_uploads() {
             let array_id = upload.array_id();
-            let info = plan_upload_whole(&upload, &array_id)?
+            let info = plan_upload_listed(&upload, &array_id)?
                 .with_descriptor(FlightDescriptor::new_path(vec![array_id]));
             infos.push(info);
         }

@@ -359,8 +359,15 @@ fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel>
         .collect()
 }
 
+/// The most bytes the endpoints of one plan may take encoded: 64 MiB, under the 80 MiB one
+/// reply message may carry (the server's encoder limit), leaving room for the descriptor.
+/// A plan over it is refused before any endpoint is made.
+pub const MAX_PLAN_ENDPOINT_BYTES: u64 = 64 << 20;
+
 /// One endpoint per cell of `grid` in the realized region, in C order; for a scaled
 /// read (`grid` is then the scaled read grid) the bounds are in the reduced frame.
+/// Refused, before any is made, when they would not fit one reply
+/// ([`MAX_PLAN_ENDPOINT_BYTES`]).
 pub fn endpoints(
     array_id: &str,
     version: ContentVersion,
@@ -368,40 +375,68 @@ pub fn endpoints(
     realized: &Region,
     scale: Option<&Scale>,
 ) -> ServiceResult<Vec<FlightEndpoint>> {
-    let factors = |a: usize| scale.map_or(1, |s| s.factors()[a]);
     let cells = grid
         .cells(realized)
         .map_err(|e| ServiceError::InvalidArgument(format!("region of '{array_id}': {e}")))?;
+    if let Some(last) = cells.last_cell() {
+        // Every endpoint is at most as long as the last one: chunk ids are fixed-width and
+        // the last cell has the largest bounds.
+        let one = endpoint(array_id, version, last, realized, scale)?.encoded_len() as u64;
+        let each = 1 + prost::length_delimiter_len(one as usize) as u64 + one;
+        let count = cells.remaining();
+        let bytes = count.saturating_mul(each);
+        if bytes > MAX_PLAN_ENDPOINT_BYTES {
+            return Err(ServiceError::InvalidArgument(format!(
+                "the plan of '{array_id}' over [{:?}, {:?}) has {count} chunks, about {bytes} \
+                 bytes of endpoints, over the {MAX_PLAN_ENDPOINT_BYTES} bytes one reply \
+                 carries: plan a slice (slice_hint) of at most {} chunks at a time",
+                realized.start,
+                realized.stop,
+                MAX_PLAN_ENDPOINT_BYTES / each
+            )));
+        }
+    }
     cells
-        .map(|cell| {
-            let bounds = ChunkBounds {
-                start: cell
-                    .start
-                    .iter()
-                    .zip(&realized.start)
-                    .enumerate()
-                    .map(|(a, (&c, &r))| ((c - r) / factors(a)) as i64)
-                    .collect(),
-                stop: cell
-                    .stop
-                    .iter()
-                    .zip(&realized.start)
-                    .enumerate()
-                    .map(|(a, (&c, &r))| (c - r).div_ceil(factors(a)) as i64)
-                    .collect(),
-            };
-            let id = match scale {
-                None => ChunkId::new(array_id, version, cell),
-                Some(scale) => ChunkId::scaled(array_id, version, cell, scale.clone()),
-            }
-            .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
-            Ok(FlightEndpoint::new()
-                .with_ticket(Ticket::new(tessera_proto::ticket::chunk_ticket(
-                    &id.encode(),
-                )))
-                .with_app_metadata(bounds.encode_to_vec()))
-        })
+        .map(|cell| endpoint(array_id, version, cell, realized, scale))
         .collect()
+}
+
+/// The endpoint of one cell: its chunk ticket, and its bounds relative to `realized` (in
+/// the reduced frame for a scaled read).
+fn endpoint(
+    array_id: &str,
+    version: ContentVersion,
+    cell: Region,
+    realized: &Region,
+    scale: Option<&Scale>,
+) -> ServiceResult<FlightEndpoint> {
+    let factors = |a: usize| scale.map_or(1, |s| s.factors()[a]);
+    let bounds = ChunkBounds {
+        start: cell
+            .start
+            .iter()
+            .zip(&realized.start)
+            .enumerate()
+            .map(|(a, (&c, &r))| ((c - r) / factors(a)) as i64)
+            .collect(),
+        stop: cell
+            .stop
+            .iter()
+            .zip(&realized.start)
+            .enumerate()
+            .map(|(a, (&c, &r))| (c - r).div_ceil(factors(a)) as i64)
+            .collect(),
+    };
+    let id = match scale {
+        None => ChunkId::new(array_id, version, cell),
+        Some(scale) => ChunkId::scaled(array_id, version, cell, scale.clone()),
+    }
+    .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
+    Ok(FlightEndpoint::new()
+        .with_ticket(Ticket::new(tessera_proto::ticket::chunk_ticket(
+            &id.encode(),
+        )))
+        .with_app_metadata(bounds.encode_to_vec()))
 }
 
 /// Whether the source's bytes are on this machine now: its file is a local file, so yes

@@ -12,6 +12,7 @@ use tonic::Streaming;
 
 use crate::error::ServiceError;
 use crate::state::ServiceState;
+use crate::uploads::{ChunkTarget, PUT_FRAMING_SLACK};
 
 /// The reply stream of a DoPut.
 pub type PutStream = super::BoxStream<PutResult>;
@@ -53,12 +54,13 @@ pub async fn run(
     }
 }
 
-/// Bytes a chunk's messages may carry beyond its cell's values (IPC metadata and padding).
-const FRAMING_SLACK: u64 = 1 << 20;
-
 /// One chunk of an upload: the ticket is checked first (so a refused one reads nothing
-/// more), then the stream's schema and record batches are decoded, bounded by the cell's
-/// size, and stored; the one `PutResult` is sent once the chunk is durable.
+/// more), then room for the chunk's largest size (its cell's bytes for the tensor's dtype,
+/// plus framing) is reserved among the bytes in flight of the upload and of the server,
+/// waiting for it if need be; then the stream's schema and record batches are received,
+/// bounded by that size, decoded and stored; the one `PutResult` is sent once the chunk is
+/// durable. The reservation is held until the bytes are stored or dropped: a client that
+/// goes away mid-chunk drops the stream, its buffers and its reservation with it.
 async fn put_chunk(
     state: &ServiceState,
     ticket: &[u8],
@@ -78,17 +80,44 @@ async fn put_chunk(
         }
     };
     let target = uploads.put_target(&chunk_id)?;
-    let region = target.id.region();
-    let cell_bytes = region
-        .start
-        .iter()
-        .zip(&region.stop)
-        .map(|(a, b)| b - a)
-        .product::<u64>()
-        .saturating_mul(8);
-    let limit = cell_bytes + FRAMING_SLACK;
+    let first_bytes = first.encoded_len() as u64;
+    if first_bytes > PUT_FRAMING_SLACK {
+        return Err(ServiceError::InvalidArgument(format!(
+            "DoPut: the first message of a chunk of '{}' is {first_bytes} bytes; it carries the \
+             descriptor and the schema, at most {PUT_FRAMING_SLACK} bytes",
+            target.id.array_id()
+        )));
+    }
+    let limit = target.put_bytes();
+    let permit = uploads.reserve_put(&target, limit).await?;
+    let messages = receive(&target, first, &mut stream, limit).await?;
+    let batches = arrow_flight::utils::flight_data_to_batches(&messages).map_err(|e| {
+        ServiceError::InvalidArgument(format!(
+            "DoPut: the chunk of '{}' is not a schema and record batches: {e}",
+            target.id.array_id()
+        ))
+    })?;
+    drop(messages);
+    tokio::task::spawn_blocking(move || {
+        let stored = uploads.put(&target, &batches);
+        drop(batches);
+        drop(permit);
+        stored
+    })
+    .await
+    .map_err(|e| ServiceError::Internal(format!("storing an upload chunk: {e}")))??;
+    Ok(super::once(vec![PutResult::default()]))
+}
+
+/// The messages of one chunk DoPut, `first` included, refused once they pass `limit` bytes.
+async fn receive(
+    target: &ChunkTarget,
+    first: FlightData,
+    stream: &mut Streaming<FlightData>,
+    limit: u64,
+) -> Result<Vec<FlightData>, ServiceError> {
+    let mut total = (first.data_header.len() + first.data_body.len()) as u64;
     let mut messages = vec![first];
-    let mut total: u64 = messages[0].data_body.len() as u64;
     while let Some(message) = stream
         .message()
         .await
@@ -97,22 +126,16 @@ async fn put_chunk(
         total += (message.data_body.len() + message.data_header.len()) as u64;
         if total > limit {
             return Err(ServiceError::InvalidArgument(format!(
-                "DoPut: the chunk of '{}' is over {limit} bytes, more than its cell can hold",
-                target.id.array_id()
+                "DoPut: the chunk of '{}' is over {limit} bytes, more than its cell of {} \
+                 elements of '{}' can hold",
+                target.id.array_id(),
+                target.elements(),
+                target.upload.dtype_str()
             )));
         }
         if !message.data_header.is_empty() {
             messages.push(message);
         }
     }
-    let batches = arrow_flight::utils::flight_data_to_batches(&messages).map_err(|e| {
-        ServiceError::InvalidArgument(format!(
-            "DoPut: the chunk of '{}' is not a schema and record batches: {e}",
-            target.id.array_id()
-        ))
-    })?;
-    tokio::task::spawn_blocking(move || uploads.put(&target, &batches))
-        .await
-        .map_err(|e| ServiceError::Internal(format!("storing an upload chunk: {e}")))??;
-    Ok(super::once(vec![PutResult::default()]))
+    Ok(messages)
 }

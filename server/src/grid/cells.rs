@@ -36,6 +36,23 @@ impl<'a> Cells<'a> {
     }
 }
 
+impl Cells<'_> {
+    /// How many cells are left to yield.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// The last cell the enumeration yields (the one with the largest bounds), `None` when
+    /// it is done.
+    pub fn last_cell(&self) -> Option<Region> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let last: Vec<u64> = self.hi.iter().map(|h| h - 1).collect();
+        Some(cell_bounds(self.shape, self.chunk, &last))
+    }
+}
+
 /// The bounds of the cell with grid indices `index`, clipped to `shape`.
 pub(super) fn cell_bounds(shape: &[u64], chunk: &[u64], index: &[u64]) -> Region {
     let mut start = Vec::with_capacity(index.len());

@@ -100,6 +100,48 @@ pub enum UploadError {
         /// The limit.
         limit: u64,
     },
+    /// `add_tensor` of a grid with more cells than an upload may have.
+    #[error(
+        "add_tensor: the grid of '{array_id}' (shape {shape:?} in chunks of {chunk_shape:?}) \
+         has {cells} cells, over the limit of {limit} cells per upload: declare a larger \
+         chunk_shape, or raise the limit (--max-upload-cells, TESSERA_MAX_UPLOAD_CELLS, \
+         max_upload_cells)"
+    )]
+    TooManyCells {
+        /// The requested id.
+        array_id: String,
+        /// The declared shape.
+        shape: Vec<u64>,
+        /// The grid's chunk shape.
+        chunk_shape: Vec<u64>,
+        /// Its cells.
+        cells: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A chunk DoPut found no room among the bytes of chunks in flight.
+    #[error(
+        "DoPut: a chunk of '{array_id}' of up to {chunk} bytes {}: {scope} holds at most {limit} \
+         bytes of chunks being received at once ({setting})",
+        match waited {
+            Some(wait) => format!("found no room within {} s; send it again later", wait.as_secs()),
+            None => "can never fit".to_string(),
+        }
+    )]
+    InFlight {
+        /// The upload.
+        array_id: String,
+        /// The bytes the chunk may take.
+        chunk: u64,
+        /// Whose limit (`the server`, `one upload`).
+        scope: &'static str,
+        /// The limit.
+        limit: u64,
+        /// The setting that changes it.
+        setting: &'static str,
+        /// How long the DoPut waited for room; `None`: the chunk is over the whole limit.
+        waited: Option<std::time::Duration>,
+    },
     /// The manifest failed.
     #[error(transparent)]
     Manifest(#[from] ManifestError),
@@ -155,7 +197,10 @@ impl From<UploadError> for ServiceError {
             | UploadError::NotAnUpload { .. }
             | UploadError::Backwards { .. }
             | UploadError::NotReadable { .. }
-            | UploadError::OverLimit { .. } => ServiceError::InvalidArgument(text),
+            | UploadError::OverLimit { .. }
+            | UploadError::TooManyCells { .. }
+            | UploadError::InFlight { waited: None, .. } => ServiceError::InvalidArgument(text),
+            UploadError::InFlight { .. } => ServiceError::Unavailable(text),
             UploadError::Data { source, .. } if source.is_disk_full() => {
                 ServiceError::Unavailable(format!(
                     "{text}: the state directory's filesystem is full; nothing was stored, send \

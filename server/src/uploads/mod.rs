@@ -17,8 +17,10 @@ mod batch;
 mod data;
 mod error;
 mod id;
+mod limits;
 mod manifest;
 mod record;
+mod zeros;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,18 +31,21 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arrow_array::RecordBatch;
 use parking_lot::{Mutex, RwLock};
 use tessera_proto::pb::{TensorDescriptor, UploadStatus};
-use tessera_segments::{EntryBytes, EntryMeta, Location};
+use tessera_segments::{EntryMeta, Location};
 
 pub use batch::arrow_type;
 pub use data::{ChunkData, DataError};
 pub use error::UploadError;
 pub use id::{FIELDS_SEGMENT, SCRATCH_SOURCE_ID, is_upload_id};
+pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits};
 pub use manifest::{Manifest, ManifestError};
 pub use record::{State, UploadRecord};
 
 use crate::chunk_id::{ChunkId, ContentVersion};
+use crate::chunks::EncodedChunk;
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
 use crate::source::npy::Dtype;
+use limits::{InFlight, PUT_ROOM_WAIT};
 use record::{Move, Refusal};
 
 /// Largest tensor an upload may declare: 1 TiB.
@@ -75,10 +80,12 @@ pub struct Upload {
     data: Mutex<Option<Arc<ChunkData>>>,
     /// Cell index → store key of every acknowledged chunk.
     cells: Mutex<HashMap<u64, Vec<u8>>>,
+    /// Bytes of its chunk DoPuts being received.
+    in_flight: InFlight,
 }
 
 impl Upload {
-    fn new(record: UploadRecord, data_root: &Path) -> Result<Upload, String> {
+    fn new(record: UploadRecord, data_root: &Path, limits: &UploadLimits) -> Result<Upload, String> {
         let dtype = Dtype::parse(&record.dtype).map_err(|e| e.to_string())?;
         let grid =
             ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
@@ -98,6 +105,13 @@ impl Upload {
             version,
             data: Mutex::new(None),
             cells: Mutex::new(HashMap::new()),
+            in_flight: InFlight::new(
+                limits.max_bytes_in_flight_per_upload,
+                "one upload",
+                "--max-upload-bytes-in-flight-per-upload, \
+                 TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_UPLOAD, \
+                 max_upload_bytes_in_flight_per_upload",
+            ),
         })
     }
 
@@ -215,6 +229,24 @@ pub struct ChunkTarget {
     cell: u64,
 }
 
+impl ChunkTarget {
+    /// The elements of the chunk's cell.
+    pub fn elements(&self) -> u64 {
+        // A cell of a grid under the 1 TiB tensor limit: its count always fits.
+        self.id.region().num_elements().unwrap_or(u64::MAX)
+    }
+
+    /// The most bytes a DoPut of this chunk may send: the cell's values at the tensor's
+    /// itemsize, a validity bitmap, and [`PUT_FRAMING_SLACK`] for the messages' metadata.
+    pub fn put_bytes(&self) -> u64 {
+        let elements = self.elements();
+        elements
+            .saturating_mul(self.upload.dtype.itemsize as u64)
+            .saturating_add(elements.div_ceil(8))
+            .saturating_add(PUT_FRAMING_SLACK)
+    }
+}
+
 /// Every upload of one state directory.
 pub struct Uploads {
     manifest: Manifest,
@@ -225,6 +257,10 @@ pub struct Uploads {
     /// The longest lifetime of an upload to `scratch` (and of one there asking for none).
     scratch_max_ttl: u32,
     last_uid: AtomicU64,
+    /// The configured bounds.
+    limits: UploadLimits,
+    /// Bytes of chunk DoPuts being received, all uploads.
+    in_flight: InFlight,
 }
 
 impl Uploads {
@@ -232,11 +268,13 @@ impl Uploads {
     /// the storage of discarded and orphaned uploads, discards what expired while the
     /// server was down, and starts the sweep. Uploads whose requested chunk shape cannot
     /// be used are cut on grids of about `target_chunk_bytes`; uploads to `scratch` live
-    /// at most `scratch_max_ttl` (`upload_max_ttl`).
+    /// at most `scratch_max_ttl` (`upload_max_ttl`); `limits` bound their grids and the
+    /// bytes of chunks being received.
     pub fn open(
         dir: &Path,
         target_chunk_bytes: u64,
         scratch_max_ttl: Duration,
+        limits: UploadLimits,
     ) -> Result<Arc<Uploads>, UploadError> {
         let data_root = dir.join("data");
         std::fs::create_dir_all(&data_root).map_err(|source| UploadError::Io {
@@ -250,7 +288,7 @@ impl Uploads {
         for (record, cells) in manifest.load()? {
             last_uid = last_uid.max(record.uid);
             let array_id = record.array_id.clone();
-            let upload = match Upload::new(record, &data_root) {
+            let upload = match Upload::new(record, &data_root, &limits) {
                 Ok(upload) => upload,
                 Err(reason) => {
                     tracing::error!(%array_id, %reason, "upload record cannot be served; left in the manifest");
@@ -269,6 +307,13 @@ impl Uploads {
                 .unwrap_or(u32::MAX)
                 .max(1),
             last_uid: AtomicU64::new(last_uid),
+            limits,
+            in_flight: InFlight::new(
+                limits.max_bytes_in_flight,
+                "the server",
+                "--max-upload-bytes-in-flight, TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT, \
+                 max_upload_bytes_in_flight",
+            ),
         });
         uploads.remove_orphan_dirs();
         uploads.check_chunks_present();
@@ -428,6 +473,16 @@ impl Uploads {
                 )
             })?;
         let grid = self.grid_for(&shape, itemsize, &request.chunk_shape, bytes)?;
+        let cells = grid.num_chunks();
+        if cells > self.limits.max_cells {
+            return Err(UploadError::TooManyCells {
+                array_id,
+                shape,
+                chunk_shape: grid.chunk_shape().to_vec(),
+                cells,
+                limit: self.limits.max_cells,
+            });
+        }
         if !request.dim_labels.is_empty() && request.dim_labels.len() != shape.len() {
             return Err(UploadError::invalid(
                 CALL,
@@ -471,7 +526,7 @@ impl Uploads {
             discarded_at: None,
         };
         let upload = Arc::new(
-            Upload::new(record.clone(), &self.data_root)
+            Upload::new(record.clone(), &self.data_root, &self.limits)
                 .map_err(|r| UploadError::invalid(CALL, r))?,
         );
         {
@@ -631,6 +686,17 @@ impl Uploads {
         Ok(target)
     }
 
+    /// Reserves room for `bytes` of a chunk of `target` among the bytes in flight of its
+    /// upload and of the server, waiting up to [`PUT_ROOM_WAIT`] for it.
+    pub async fn reserve_put(
+        &self,
+        target: &ChunkTarget,
+        bytes: u64,
+    ) -> Result<PutPermit, UploadError> {
+        let scopes = [&target.upload.in_flight, &self.in_flight];
+        limits::reserve(&scopes, target.id.array_id(), bytes, PUT_ROOM_WAIT).await
+    }
+
     fn target(&self, call: &'static str, id: ChunkId) -> Result<ChunkTarget, UploadError> {
         let Some(upload) = self.get(id.array_id()) else {
             return Err(UploadError::invalid(
@@ -680,8 +746,7 @@ impl Uploads {
         const CALL: &str = "DoPut";
         let upload = &target.upload;
         let cell = target.id.region();
-        // A cell of a grid under the 1 TiB tensor limit: its count always fits.
-        let elements = cell.num_elements().unwrap_or(u64::MAX);
+        let elements = target.elements();
         let buffers = batch::chunk_bytes(batches, &upload.dtype, elements).map_err(|r| {
             UploadError::invalid(CALL, format!("chunk of '{}': {r}", target.id.array_id()))
         })?;
@@ -732,62 +797,68 @@ impl Uploads {
         Ok(target)
     }
 
-    /// The store key holding a READY upload's chunk: the acknowledged one, or for a cell
-    /// never sent a chunk of zeros, written now (its bytes can always be made again, so it
-    /// is not synced). Blocking.
-    fn key_for_read(&self, target: &ChunkTarget) -> Result<(Arc<ChunkData>, Vec<u8>), UploadError> {
+    /// The store and key holding a READY upload's chunk, `None` for a cell never sent
+    /// (it reads as zeros, which are never stored). Blocking.
+    fn stored(&self, target: &ChunkTarget) -> Result<Option<(Arc<ChunkData>, Vec<u8>)>, UploadError> {
         let upload = &target.upload;
-        let data = upload.data()?;
-        if let Some(key) = upload.cells.lock().get(&target.cell) {
-            return Ok((data, key.clone()));
-        }
-        let mut key = target.id.encode();
-        key.extend_from_slice(b"zeros");
-        if !data.contains(&key) {
-            let region = target.id.region();
-            let elements = region.num_elements().unwrap_or(u64::MAX);
-            let zeros = vec![0u8; elements.saturating_mul(upload.dtype.itemsize as u64) as usize];
-            data.append(&key, &upload.meta_of(region), &[&zeros])
-                .map_err(|source| UploadError::Data {
-                    array_id: target.id.array_id().to_string(),
-                    source,
-                })?;
-        }
-        Ok((data, key))
+        let Some(key) = upload.cells.lock().get(&target.cell).cloned() else {
+            return Ok(None);
+        };
+        Ok(Some((upload.data()?, key)))
     }
 
-    /// The chunk's IPC message (do_get). Blocking.
-    pub fn read(&self, target: &ChunkTarget) -> Result<EntryBytes, UploadError> {
-        let (data, key) = self.key_for_read(target)?;
-        let missing = || {
-            UploadError::invalid(
-                "read",
-                format!(
-                    "a chunk of '{}' is missing from its store",
-                    target.id.array_id()
-                ),
-            )
+    fn missing(call: &'static str, target: &ChunkTarget) -> UploadError {
+        UploadError::invalid(
+            call,
+            format!(
+                "a chunk of '{}' is missing from its store",
+                target.id.array_id()
+            ),
+        )
+    }
+
+    /// The chunk's IPC message (do_get): the bytes sent, or zeros built in memory for a
+    /// cell never sent. Blocking.
+    pub fn read(&self, target: &ChunkTarget) -> Result<EncodedChunk, UploadError> {
+        let Some((data, key)) = self.stored(target)? else {
+            let region = target.id.region();
+            let bytes = target
+                .elements()
+                .saturating_mul(target.upload.dtype.itemsize as u64);
+            return zeros::zeros_message(&target.id.encode(), &target.upload.meta_of(region), bytes)
+                .map_err(|e| {
+                    UploadError::invalid(
+                        "read",
+                        format!("the zero chunk of '{}': {e}", target.id.array_id()),
+                    )
+                });
         };
-        data.read(&key)
+        let entry = data
+            .read(&key)
             .map_err(|source| UploadError::Data {
                 array_id: target.id.array_id().to_string(),
                 source,
             })?
-            .ok_or_else(missing)
+            .ok_or_else(|| Self::missing("read", target))?;
+        Ok(EncodedChunk {
+            header: entry.header,
+            body: entry.body,
+        })
     }
 
-    /// Where the chunk lives (chunk_locate). Blocking.
-    pub fn locate(&self, target: &ChunkTarget) -> Result<Location, UploadError> {
-        let (data, key) = self.key_for_read(target)?;
-        data.locate(&key).ok_or_else(|| {
-            UploadError::invalid(
-                "chunk_locate",
-                format!(
-                    "a chunk of '{}' is missing from its store",
-                    target.id.array_id()
-                ),
-            )
-        })
+    /// Where the chunk lives (chunk_locate); `Err(reason)` inside the `Ok` for a cell never
+    /// sent, whose zeros are not in any file: the client reads them with do_get. Blocking.
+    pub fn locate(&self, target: &ChunkTarget) -> Result<Result<Location, String>, UploadError> {
+        let Some((data, key)) = self.stored(target)? else {
+            return Ok(Err(format!(
+                "this chunk of '{}' was never sent: it reads as zeros, which are not stored; \
+                 fetch it with do_get",
+                target.id.array_id()
+            )));
+        };
+        data.locate(&key)
+            .map(Ok)
+            .ok_or_else(|| Self::missing("chunk_locate", target))
     }
 
     /// One pass of the sweep: discards uploads whose lifetime ran out, removes discarded
@@ -875,7 +946,12 @@ mod tests {
         };
         let array_id = "scratch/@fields/t";
         {
-            let uploads = Uploads::open(tmp.path(), 1 << 20, Duration::from_secs(600)).unwrap();
+            let uploads = Uploads::open(
+                tmp.path(),
+                1 << 20,
+                Duration::from_secs(600),
+                UploadLimits::default(),
+            ).unwrap();
             let desc = uploads.add(&request, |_| false).unwrap();
             assert_eq!(desc.array_id, array_id);
             assert_eq!(desc.ttl_seconds, Some(600));
@@ -890,7 +966,12 @@ mod tests {
             assert_eq!(upload.status().uploaded_chunks, 1);
             assert_eq!(upload.status().expected_chunks, 2);
         }
-        let uploads = Uploads::open(tmp.path(), 1 << 20, Duration::from_secs(600)).unwrap();
+        let uploads = Uploads::open(
+                tmp.path(),
+                1 << 20,
+                Duration::from_secs(600),
+                UploadLimits::default(),
+            ).unwrap();
         let upload = uploads.get(array_id).unwrap();
         assert_eq!(upload.state(), State::Pending);
         assert_eq!(upload.status().uploaded_chunks, 1);
