@@ -224,6 +224,9 @@ impl Upload {
     }
 }
 
+/// An acknowledged chunk: the upload's store and the chunk's key in it.
+type StoredChunk = (Arc<ChunkData>, Vec<u8>);
+
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
 pub struct ChunkTarget {
     /// The upload.
@@ -803,10 +806,7 @@ impl Uploads {
 
     /// The store and key holding a READY upload's chunk, `None` for a cell never sent
     /// (it reads as zeros, which are never stored). Blocking.
-    fn stored(
-        &self,
-        target: &ChunkTarget,
-    ) -> Result<Option<(Arc<ChunkData>, Vec<u8>)>, UploadError> {
+    fn stored(&self, target: &ChunkTarget) -> Result<Option<StoredChunk>, UploadError> {
         let upload = &target.upload;
         let Some(key) = upload.cells.lock().get(&target.cell).cloned() else {
             return Ok(None);
