@@ -85,7 +85,11 @@ pub struct Upload {
 }
 
 impl Upload {
-    fn new(record: UploadRecord, data_root: &Path, limits: &UploadLimits) -> Result<Upload, String> {
+    fn new(
+        record: UploadRecord,
+        data_root: &Path,
+        limits: &UploadLimits,
+    ) -> Result<Upload, String> {
         let dtype = Dtype::parse(&record.dtype).map_err(|e| e.to_string())?;
         let grid =
             ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
@@ -219,6 +223,9 @@ impl Upload {
         }
     }
 }
+
+/// An acknowledged chunk: the upload's store and the chunk's key in it.
+type StoredChunk = (Arc<ChunkData>, Vec<u8>);
 
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
 pub struct ChunkTarget {
@@ -799,7 +806,7 @@ impl Uploads {
 
     /// The store and key holding a READY upload's chunk, `None` for a cell never sent
     /// (it reads as zeros, which are never stored). Blocking.
-    fn stored(&self, target: &ChunkTarget) -> Result<Option<(Arc<ChunkData>, Vec<u8>)>, UploadError> {
+    fn stored(&self, target: &ChunkTarget) -> Result<Option<StoredChunk>, UploadError> {
         let upload = &target.upload;
         let Some(key) = upload.cells.lock().get(&target.cell).cloned() else {
             return Ok(None);
@@ -825,13 +832,17 @@ impl Uploads {
             let bytes = target
                 .elements()
                 .saturating_mul(target.upload.dtype.itemsize as u64);
-            return zeros::zeros_message(&target.id.encode(), &target.upload.meta_of(region), bytes)
-                .map_err(|e| {
-                    UploadError::invalid(
-                        "read",
-                        format!("the zero chunk of '{}': {e}", target.id.array_id()),
-                    )
-                });
+            return zeros::zeros_message(
+                &target.id.encode(),
+                &target.upload.meta_of(region),
+                bytes,
+            )
+            .map_err(|e| {
+                UploadError::invalid(
+                    "read",
+                    format!("the zero chunk of '{}': {e}", target.id.array_id()),
+                )
+            });
         };
         let entry = data
             .read(&key)
@@ -951,7 +962,8 @@ mod tests {
                 1 << 20,
                 Duration::from_secs(600),
                 UploadLimits::default(),
-            ).unwrap();
+            )
+            .unwrap();
             let desc = uploads.add(&request, |_| false).unwrap();
             assert_eq!(desc.array_id, array_id);
             assert_eq!(desc.ttl_seconds, Some(600));
@@ -967,11 +979,12 @@ mod tests {
             assert_eq!(upload.status().expected_chunks, 2);
         }
         let uploads = Uploads::open(
-                tmp.path(),
-                1 << 20,
-                Duration::from_secs(600),
-                UploadLimits::default(),
-            ).unwrap();
+            tmp.path(),
+            1 << 20,
+            Duration::from_secs(600),
+            UploadLimits::default(),
+        )
+        .unwrap();
         let upload = uploads.get(array_id).unwrap();
         assert_eq!(upload.state(), State::Pending);
         assert_eq!(upload.status().uploaded_chunks, 1);
