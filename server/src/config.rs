@@ -67,6 +67,7 @@ use crate::route::LoopbackPlans;
 use crate::source::meta::{Supplied, Units};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
+use crate::uploads::UploadLimits;
 use crate::watch::DEFAULT_WATCH_INTERVAL;
 
 /// Default cap on connections held at once.
@@ -234,6 +235,10 @@ pub struct ConfigFile {
     pub state_dir: Option<PathBuf>,
     /// Longest lifetime of an upload to the scratch source (a duration).
     pub upload_max_ttl: Option<String>,
+    /// Most uploads the state directory holds at once.
+    pub upload_max_count: Option<usize>,
+    /// Most upload stores open at once.
+    pub upload_open_stores: Option<usize>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -391,6 +396,14 @@ pub struct ServeArgs {
     /// asks for none, e.g. 168h [default: 168h].
     #[arg(long, env = "TESSERA_UPLOAD_MAX_TTL", value_name = "DURATION")]
     pub upload_max_ttl: Option<String>,
+    /// Most uploads held at once, a discarded one counting until its name frees; add_tensor
+    /// beyond it is refused [default: 4096].
+    #[arg(long, env = "TESSERA_UPLOAD_MAX_COUNT", value_name = "N")]
+    pub upload_max_count: Option<usize>,
+    /// Most upload stores open at once (two descriptors each); the least recently used idle
+    /// one is closed beyond it and reopened when next used [default: 64].
+    #[arg(long, env = "TESSERA_UPLOAD_OPEN_STORES", value_name = "N")]
+    pub upload_open_stores: Option<usize>,
 }
 
 /// The effective configuration of a server.
@@ -456,6 +469,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
     pub upload_max_ttl: Duration,
+    /// Bounds on the uploads (`upload_max_count`, `upload_open_stores`).
+    pub upload_limits: UploadLimits,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -500,6 +515,7 @@ impl ServeConfig {
             writable: false,
             state_dir: default_state_dir(),
             upload_max_ttl: DEFAULT_UPLOAD_MAX_TTL,
+            upload_limits: UploadLimits::default(),
         }
     }
 
@@ -572,6 +588,10 @@ impl ServeConfig {
             }
             None => DEFAULT_UPLOAD_MAX_TTL,
         };
+        let upload_limits = upload_limits(
+            args.upload_max_count.or(file.upload_max_count),
+            args.upload_open_stores.or(file.upload_open_stores),
+        )?;
         let watch_interval = match args.watch_interval.or(file.watch_interval) {
             Some(s) => parse_duration(&s)?,
             None => DEFAULT_WATCH_INTERVAL,
@@ -702,8 +722,34 @@ impl ServeConfig {
                 .or(file.state_dir)
                 .unwrap_or_else(default_state_dir),
             upload_max_ttl,
+            upload_limits,
         })
     }
+}
+
+/// `upload_max_count` and `upload_open_stores`: flags over the file over the defaults,
+/// each at least 1.
+fn upload_limits(
+    max_count: Option<usize>,
+    open_stores: Option<usize>,
+) -> Result<UploadLimits, ConfigError> {
+    let defaults = UploadLimits::default();
+    let limits = UploadLimits {
+        max_uploads: max_count.unwrap_or(defaults.max_uploads),
+        open_stores: open_stores.unwrap_or(defaults.open_stores),
+    };
+    if limits.max_uploads == 0 {
+        return Err(ConfigError::Invalid(
+            "upload_max_count 0 would refuse every upload; use at least 1".to_string(),
+        ));
+    }
+    if limits.open_stores == 0 {
+        return Err(ConfigError::Invalid(
+            "upload_open_stores 0 leaves no upload store open to write or read; use at least 1"
+                .to_string(),
+        ));
+    }
+    Ok(limits)
 }
 
 /// The pyramid policy: the flag's method over the `[pyramid]` table over the defaults.

@@ -416,6 +416,7 @@ fn open_uploads(
                 &part,
                 config.chunk_target,
                 config.upload_max_ttl,
+                config.upload_limits,
             )?)
         });
     match opened {
