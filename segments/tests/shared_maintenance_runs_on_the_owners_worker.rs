@@ -74,7 +74,11 @@ fn shared_maintenance_runs_on_the_owners_worker() {
     let dir0 = store.dir().to_path_buf();
     assert_eq!(sidecars(&dir0), 0, "sealed before the owner's worker ran");
     store.maintain();
-    assert_eq!(sidecars(&dir0), 2, "the worker's pass sealed both rotated segments");
+    assert_eq!(
+        sidecars(&dir0),
+        2,
+        "the worker's pass sealed both rotated segments"
+    );
     for (i, k) in keys.iter().enumerate() {
         let entry = store.read(k).unwrap().expect("stored");
         assert_eq!(&entry.body[8..8 + ENTRY], &pattern(i as u64, ENTRY)[..]);

@@ -59,9 +59,15 @@ impl OpenStores {
 
     /// The slot's store, opened from `dir` when closed; then closes the least recently
     /// used idle stores over the cap.
-    pub fn get(self: &Arc<Self>, slot: &Arc<DataSlot>, dir: &Path) -> Result<Arc<ChunkData>, DataError> {
-        slot.last_used
-            .store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    pub fn get(
+        self: &Arc<Self>,
+        slot: &Arc<DataSlot>,
+        dir: &Path,
+    ) -> Result<Arc<ChunkData>, DataError> {
+        slot.last_used.store(
+            self.clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         let data = {
             let mut guard = slot.data.lock();
             match guard.as_ref() {
@@ -129,7 +135,10 @@ impl OpenStores {
             if idle && let Some(data) = guard.take() {
                 data.close();
                 self.open.lock().remove(&victim.uid);
-                tracing::debug!(uid = victim.uid, "closed an idle upload store (open store cap)");
+                tracing::debug!(
+                    uid = victim.uid,
+                    "closed an idle upload store (open store cap)"
+                );
             }
         }
     }
@@ -177,11 +186,19 @@ mod tests {
             drop(data);
             assert!(stores.open.lock().len() <= 2, "after store {i}");
         }
-        assert!(slots[0].data.lock().is_some(), "the store in use stayed open");
+        assert!(
+            slots[0].data.lock().is_some(),
+            "the store in use stayed open"
+        );
         drop(held);
         // Closed stores reopen on demand with what they held.
         for (i, slot) in slots.iter().enumerate() {
-            let entry = stores.get(slot, &dir(i)).unwrap().read(b"k").unwrap().unwrap();
+            let entry = stores
+                .get(slot, &dir(i))
+                .unwrap()
+                .read(b"k")
+                .unwrap()
+                .unwrap();
             assert!(entry.body.windows(4).any(|w| w == [i as u8; 4]));
             assert!(stores.open.lock().len() <= 2);
         }
