@@ -1,5 +1,6 @@
 //! Off-request-path work: sealing rotated segments, eviction to the byte budget, and
-//! persisting recency. One background thread per store, woken by appends.
+//! persisting recency. One background thread per store, woken by appends, or the owner's
+//! worker shared by many stores ([`crate::StoreOptions::with_shared_maintenance`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -7,6 +8,7 @@ use std::sync::atomic::Ordering;
 use parking_lot::{Condvar, Mutex};
 
 use crate::layout;
+use crate::options::MaintenanceWaker;
 use crate::recency;
 use crate::segment::{self, Active, Segment};
 use crate::store::Inner;
@@ -23,26 +25,58 @@ struct State {
 pub(crate) struct Maintenance {
     state: Mutex<State>,
     cv: Condvar,
+    /// The owner's worker to signal instead of a thread of the store's own.
+    shared: Option<MaintenanceWaker>,
 }
 
 impl Maintenance {
+    /// A mailbox whose work is signalled to the owner's worker (`None`: the store's thread).
+    pub(crate) fn new(shared: Option<MaintenanceWaker>) -> Maintenance {
+        Maintenance {
+            shared,
+            ..Maintenance::default()
+        }
+    }
+
+    /// Whether a worker of the owner does the work (no thread of the store's own).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    fn signal(&self) {
+        self.cv.notify_one();
+        if let Some(wake) = &self.shared {
+            (wake.0)();
+        }
+    }
+
     /// Hands a rotated segment over for sealing.
     pub(crate) fn queue_seal(&self, active: Active) {
         active.seg.retired.store(true, Ordering::Release);
         self.state.lock().seal_queue.push(active);
-        self.cv.notify_one();
+        self.signal();
     }
 
     /// Asks for an eviction pass.
     pub(crate) fn wake(&self) {
         self.state.lock().wake = true;
-        self.cv.notify_one();
+        self.signal();
     }
 
     /// Asks the thread to finish queued work and exit.
     pub(crate) fn stop(&self) {
         self.state.lock().stop = true;
         self.cv.notify_one();
+    }
+
+    /// The work queued now, without waiting (`None`: nothing to do).
+    fn take(&self) -> Option<Vec<Active>> {
+        let mut st = self.state.lock();
+        if st.seal_queue.is_empty() && !st.wake {
+            return None;
+        }
+        st.wake = false;
+        Some(std::mem::take(&mut st.seal_queue))
     }
 
     /// Waits for work; `None` when stopped with nothing left to do.
@@ -65,15 +99,27 @@ impl Inner {
     /// The maintenance thread's body.
     pub(crate) fn maintenance_loop(self: Arc<Self>) {
         while let Some(jobs) = self.maintenance.next() {
-            let sealed = !jobs.is_empty();
-            for active in jobs {
-                self.seal_now(active);
-            }
-            let evicted = self.evict_to_budget();
-            self.raise_ceiling();
-            if evicted > 0 || sealed {
-                self.save_recency();
-            }
+            self.run_jobs(jobs);
+        }
+    }
+
+    /// Does the work queued now, if any, on the calling thread (the shared worker's pass).
+    pub(crate) fn maintain_now(&self) {
+        if let Some(jobs) = self.maintenance.take() {
+            self.run_jobs(jobs);
+        }
+    }
+
+    /// Seals the rotated segments, evicts to the budget and saves recency when it changed.
+    fn run_jobs(&self, jobs: Vec<Active>) {
+        let sealed = !jobs.is_empty();
+        for active in jobs {
+            self.seal_now(active);
+        }
+        let evicted = self.evict_to_budget();
+        self.raise_ceiling();
+        if evicted > 0 || sealed {
+            self.save_recency();
         }
     }
 

@@ -5,6 +5,17 @@ use std::sync::Arc;
 
 use crate::fault::FaultInjector;
 
+/// Called when a store without a maintenance thread of its own has work for its owner's
+/// worker (see [`StoreOptions::with_shared_maintenance`]).
+#[derive(Clone)]
+pub(crate) struct MaintenanceWaker(pub(crate) Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for MaintenanceWaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MaintenanceWaker")
+    }
+}
+
 /// Default budget of real bytes on disk: 10 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 10 << 30;
 /// Default rotation threshold: 256 MiB.
@@ -31,6 +42,7 @@ pub struct StoreOptions {
     pub(crate) keep_all: bool,
     pub(crate) file_mode: u32,
     pub(crate) fault: Option<Arc<dyn FaultInjector>>,
+    pub(crate) shared_maintenance: Option<MaintenanceWaker>,
 }
 
 impl StoreOptions {
@@ -46,6 +58,7 @@ impl StoreOptions {
             keep_all: false,
             file_mode: DEFAULT_FILE_MODE,
             fault: None,
+            shared_maintenance: None,
         }
     }
 
@@ -95,6 +108,18 @@ impl StoreOptions {
     /// a group of client users map them (the process umask still applies at creation).
     pub fn with_file_mode(mut self, mode: u32) -> Self {
         self.file_mode = mode & 0o777;
+        self
+    }
+
+    /// Runs the store without a maintenance thread of its own, for owners of many stores
+    /// that run one worker for all of them. Whenever the store has maintenance work (a
+    /// rotated segment to seal, an eviction pass) it calls `wake`, from whichever thread
+    /// queued the work and possibly with the store's locks held: `wake` must only signal
+    /// the owner's worker, which then calls [`crate::Store::maintain`]. Until it does, a
+    /// rotated segment stays open and appends over the budget wait (at most 5 s) as they
+    /// would for a slow maintenance thread; [`crate::Store::close`] does what is left.
+    pub fn with_shared_maintenance(mut self, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
+        self.shared_maintenance = Some(MaintenanceWaker(wake));
         self
     }
 

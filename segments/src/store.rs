@@ -228,7 +228,7 @@ impl Store {
             counters: Counters::default(),
             poisoned: Mutex::new(None),
             closed: AtomicBool::new(false),
-            maintenance: Maintenance::default(),
+            maintenance: Maintenance::new(opts.shared_maintenance),
             budget: Budget::default(),
         });
         if let Some(reason) = booted.dir_sync_failed {
@@ -237,15 +237,27 @@ impl Store {
         if inner.evict_to_budget() > 0 {
             inner.save_recency();
         }
-        let worker = Arc::clone(&inner);
-        let handle = std::thread::Builder::new()
-            .name("tessera-segments".to_string())
-            .spawn(move || worker.maintenance_loop())
-            .map_err(|e| StoreError::io("cannot start the segment maintenance thread", e))?;
+        let handle = if inner.maintenance.is_shared() {
+            None
+        } else {
+            let worker = Arc::clone(&inner);
+            let handle = std::thread::Builder::new()
+                .name("tessera-segments".to_string())
+                .spawn(move || worker.maintenance_loop())
+                .map_err(|e| StoreError::io("cannot start the segment maintenance thread", e))?;
+            Some(handle)
+        };
         Ok(Store {
             inner,
-            maintenance_thread: Mutex::new(Some(handle)),
+            maintenance_thread: Mutex::new(handle),
         })
+    }
+
+    /// Does the maintenance work queued now (seals rotated segments, evicts to the budget,
+    /// saves recency), on the calling thread: the pass of the owner's worker for a store
+    /// opened [`StoreOptions::with_shared_maintenance`]. Cheap when there is nothing to do.
+    pub fn maintain(&self) {
+        self.inner.maintain_now();
     }
 
     /// Appends a chunk under `key` and returns where it lives. `data`'s pieces, concatenated,
@@ -443,6 +455,8 @@ impl Store {
         {
             tracing::error!(dir = %inner.dir.display(), "segment maintenance thread panicked");
         }
+        // Without a thread of its own, what the owner's worker has not done yet.
+        inner.maintain_now();
         inner.evict_to_budget();
         inner.save_recency();
         // Nothing of this store writes to the directory any more: appends are refused and

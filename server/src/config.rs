@@ -243,6 +243,10 @@ pub struct ConfigFile {
     pub max_upload_bytes_in_flight: Option<String>,
     /// Most bytes of chunk DoPuts being received at once, one upload (a size).
     pub max_upload_bytes_in_flight_per_upload: Option<String>,
+    /// Most uploads the state directory holds at once.
+    pub upload_max_count: Option<usize>,
+    /// Most upload stores open at once.
+    pub upload_open_stores: Option<usize>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -415,6 +419,14 @@ pub struct ServeArgs {
         value_name = "SIZE"
     )]
     pub max_upload_bytes_in_flight_per_upload: Option<String>,
+    /// Most uploads held at once, a discarded one counting until its name frees; add_tensor
+    /// beyond it is refused [default: 4096].
+    #[arg(long, env = "TESSERA_UPLOAD_MAX_COUNT", value_name = "N")]
+    pub upload_max_count: Option<usize>,
+    /// Most upload stores open at once (two descriptors each); the least recently used idle
+    /// one is closed beyond it and reopened when next used [default: 64].
+    #[arg(long, env = "TESSERA_UPLOAD_OPEN_STORES", value_name = "N")]
+    pub upload_open_stores: Option<usize>,
 }
 
 /// The effective configuration of a server.
@@ -480,7 +492,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
     pub upload_max_ttl: Duration,
-    /// Bounds on uploads' grids and on the chunks being received (`max_upload_*`).
+    /// Bounds on the uploads: their number and open stores (`upload_max_count`,
+    /// `upload_open_stores`), their grids and the chunks being received (`max_upload_*`).
     pub upload_limits: UploadLimits,
 }
 
@@ -605,6 +618,8 @@ impl ServeConfig {
                 .or(file.max_upload_bytes_in_flight),
             args.max_upload_bytes_in_flight_per_upload
                 .or(file.max_upload_bytes_in_flight_per_upload),
+            args.upload_max_count.or(file.upload_max_count),
+            args.upload_open_stores.or(file.upload_open_stores),
         )?;
         let watch_interval = match args.watch_interval.or(file.watch_interval) {
             Some(s) => parse_duration(&s)?,
@@ -741,12 +756,14 @@ impl ServeConfig {
     }
 }
 
-/// The bounds on uploads: each setting over its default. Every one must be at least 1 (a
+/// The bounds on uploads: each setting (flags over the file) over its default. Every one must be at least 1 (a
 /// zero would refuse every upload) and an in-flight limit at most 4 TiB.
 fn upload_limits(
     max_cells: Option<u64>,
     in_flight: Option<String>,
     per_upload: Option<String>,
+    max_count: Option<usize>,
+    open_stores: Option<usize>,
 ) -> Result<UploadLimits, ConfigError> {
     let defaults = UploadLimits::default();
     let size = |value: Option<String>, name: &str, default: u64| -> Result<u64, ConfigError> {
@@ -768,7 +785,7 @@ fn upload_limits(
             "max_upload_cells 0 would refuse every upload; use at least 1".to_string(),
         ));
     }
-    Ok(UploadLimits {
+    let limits = UploadLimits {
         max_cells,
         max_bytes_in_flight: size(
             in_flight,
@@ -780,7 +797,21 @@ fn upload_limits(
             "max_upload_bytes_in_flight_per_upload",
             defaults.max_bytes_in_flight_per_upload,
         )?,
-    })
+        max_uploads: max_count.unwrap_or(defaults.max_uploads),
+        open_stores: open_stores.unwrap_or(defaults.open_stores),
+    };
+    if limits.max_uploads == 0 {
+        return Err(ConfigError::Invalid(
+            "upload_max_count 0 would refuse every upload; use at least 1".to_string(),
+        ));
+    }
+    if limits.open_stores == 0 {
+        return Err(ConfigError::Invalid(
+            "upload_open_stores 0 leaves no upload store open to write or read; use at least 1"
+                .to_string(),
+        ));
+    }
+    Ok(limits)
 }
 
 /// The pyramid policy: the flag's method over the `[pyramid]` table over the defaults.

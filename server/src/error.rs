@@ -65,8 +65,12 @@ pub enum ServiceError {
         message: String,
         /// The upload.
         array_id: String,
-        /// `READY` or `DISCARDED`.
+        /// `READY` or `DISCARDED` (`PENDING` too for a refused transition).
         state: &'static str,
+        /// The `extra_info` reason: `upload_sealed`, `upload_discarded`, or
+        /// `upload_refused` for a transition refused for its arguments (a reason over its
+        /// limit).
+        code: &'static str,
         /// The discard's reason; empty for a sealed upload.
         detail: String,
     },
@@ -115,6 +119,7 @@ impl ServiceError {
             Self::UploadClosed {
                 array_id,
                 state,
+                code,
                 detail,
                 ..
             } => (
@@ -122,7 +127,7 @@ impl ServiceError {
                 "Cancelled",
                 Some(Bytes::from(
                     serde_json::json!({
-                        "reason": if *state == "READY" { "upload_sealed" } else { "upload_discarded" },
+                        "reason": code,
                         "state": state,
                         "source_id": array_id,
                         "detail": detail,

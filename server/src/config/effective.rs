@@ -112,6 +112,15 @@ pub fn render(config: &ServeConfig) -> String {
             config.upload_limits.max_bytes_in_flight_per_upload,
         )),
     );
+    for (key, value) in [
+        ("upload_max_count", config.upload_limits.max_uploads),
+        ("upload_open_stores", config.upload_limits.open_stores),
+    ] {
+        top.insert(
+            key.into(),
+            Value::Integer(i64::try_from(value).unwrap_or(i64::MAX)),
+        );
+    }
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;

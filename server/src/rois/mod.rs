@@ -85,6 +85,10 @@ impl From<RoiError> for ServiceError {
                 ServiceError::InvalidArgument(e.to_string())
             }
             RoiError::Grant(e) => ServiceError::Unauthenticated(e.to_string()),
+            RoiError::Store(e) if e.is_disk_full() => ServiceError::Unavailable(format!(
+                "{e}: the state directory's filesystem is full; nothing was changed, try \
+                 again once there is room"
+            )),
             other => ServiceError::Internal(other.to_string()),
         }
     }

@@ -12,10 +12,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use super::RESERVED_SET_PREFIX;
+use crate::reopening_db::ReopeningDb;
 
 const ROIS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("rois");
 const SETS: TableDefinition<(&str, &str), u64> = TableDefinition::new("sets");
@@ -59,6 +60,20 @@ pub enum StoreError {
         /// The cap.
         cap: u64,
     },
+}
+
+impl StoreError {
+    /// Whether the database failed for lack of room (a full or over-quota filesystem), or
+    /// is being reopened after such a failure: worth retrying once there is room.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Db { source, .. } => {
+                crate::reopening_db::is_disk_full(source)
+                    || matches!(**source, redb::Error::PreviousIo)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// One stored annotation (the key holds its tensor and id).
@@ -170,7 +185,7 @@ pub struct PruneOutcome {
 /// The annotation database.
 #[derive(Debug)]
 pub struct Store {
-    db: Database,
+    db: ReopeningDb,
     path: PathBuf,
 }
 
@@ -185,7 +200,7 @@ impl Store {
             path: path.to_path_buf(),
             source: Box::new(e),
         };
-        let db = Database::create(path).map_err(|e| fail(e.into()))?;
+        let db = ReopeningDb::open(path).map_err(fail)?;
         let store = Store {
             db,
             path: path.to_path_buf(),
@@ -201,9 +216,11 @@ impl Store {
     }
 
     fn db_err(&self, e: impl Into<redb::Error>) -> StoreError {
+        let source = e.into();
+        self.db.note(&source);
         StoreError::Db {
             path: self.path.clone(),
-            source: Box::new(e.into()),
+            source: Box::new(source),
         }
     }
 

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tessera_segments::{EntryBytes, EntryMeta, Location, Store, StoreError, StoreOptions};
@@ -64,12 +65,15 @@ pub struct ChunkData {
 
 impl ChunkData {
     /// Opens (creating) the store in `dir`; recovery drops torn tails, as for the cache.
-    pub fn open(dir: &Path) -> Result<ChunkData, DataError> {
+    /// The store has no maintenance thread of its own: it calls `wake` when it has work,
+    /// and the owner's worker runs [`ChunkData::maintain`].
+    pub fn open(dir: &Path, wake: Arc<dyn Fn() + Send + Sync>) -> Result<ChunkData, DataError> {
         let store = Store::open(
             StoreOptions::new(dir)
                 .with_max_bytes(NOMINAL_BYTES)
                 .with_keep_all(true)
-                .with_file_mode(0o600),
+                .with_file_mode(0o600)
+                .with_shared_maintenance(wake),
         )
         .map_err(|source| DataError::Store {
             dir: dir.to_path_buf(),
@@ -149,6 +153,11 @@ impl ChunkData {
         self.store.stats().total_bytes
     }
 
+    /// Does the store's queued maintenance (seals rotated segments).
+    pub fn maintain(&self) {
+        self.store.maintain();
+    }
+
     /// Seals the open segments (before the directory is removed, or at shutdown).
     pub fn close(&self) {
         if let Err(err) = self.store.close() {
@@ -172,11 +181,11 @@ mod tests {
         };
         let bytes: Vec<u8> = (0u8..8).collect();
         {
-            let data = ChunkData::open(&dir).unwrap();
+            let data = ChunkData::open(&dir, Arc::new(|| {})).unwrap();
             data.append_durable(b"k", &meta, &[&bytes]).unwrap();
             assert!(data.contains(b"k"));
         }
-        let data = ChunkData::open(&dir).unwrap();
+        let data = ChunkData::open(&dir, Arc::new(|| {})).unwrap();
         let entry = data.read(b"k").unwrap().unwrap();
         assert!(entry.body.windows(8).any(|w| w == bytes.as_slice()));
     }

@@ -77,13 +77,21 @@ pub enum UploadError {
     #[error(
         "upload '{array_id}' is {} and not readable{}",
         state.name(),
-        if *state == State::Pending { ": set it READY with set_upload_status first" } else { "" }
+        if *state == State::Pending {
+            ": set it READY with set_upload_status first".to_string()
+        } else if detail.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", clip(detail))
+        }
     )]
     NotReadable {
         /// The upload.
         array_id: String,
         /// Its state.
         state: State,
+        /// Why it was discarded (`expired: …` when its lifetime ran out).
+        detail: String,
     },
     /// The upload has used up its bytes.
     #[error(
@@ -142,6 +150,32 @@ pub enum UploadError {
         /// How long the DoPut waited for room; `None`: the chunk is over the whole limit.
         waited: Option<std::time::Duration>,
     },
+    /// `add_tensor` with the server already holding its limit of uploads.
+    #[error(
+        "add_tensor: the server holds {held} uploads, its limit (upload_max_count, \
+         --upload-max-count, TESSERA_UPLOAD_MAX_COUNT); discard uploads no longer needed (a \
+         discarded one counts until its name frees, at most an hour) or raise the limit"
+    )]
+    TooMany {
+        /// Uploads held.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A discard reason over [`super::MAX_REASON_BYTES`].
+    #[error(
+        "set_upload_status: the reason is {len} bytes, over the limit of {} bytes a discard \
+         reason may have; '{array_id}' is unchanged",
+        super::MAX_REASON_BYTES
+    )]
+    ReasonTooLong {
+        /// The upload.
+        array_id: String,
+        /// Its state (unchanged).
+        state: State,
+        /// The reason's length.
+        len: usize,
+    },
     /// The manifest failed.
     #[error(transparent)]
     Manifest(#[from] ManifestError),
@@ -167,6 +201,16 @@ pub enum UploadError {
     },
 }
 
+/// `text` cut to at most [`super::MAX_REASON_BYTES`] (at a character boundary): a discard
+/// reason stored before the limit existed still fits a refusal's metadata.
+fn clip(text: &str) -> &str {
+    let mut end = text.len().min(super::MAX_REASON_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 impl UploadError {
     pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> UploadError {
         UploadError::Invalid {
@@ -189,7 +233,21 @@ impl From<UploadError> for ServiceError {
                 message: text,
                 array_id,
                 state: state.name(),
-                detail,
+                code: if state == State::Ready {
+                    "upload_sealed"
+                } else {
+                    "upload_discarded"
+                },
+                detail: clip(&detail).to_string(),
+            },
+            UploadError::ReasonTooLong {
+                array_id, state, ..
+            } => ServiceError::UploadClosed {
+                detail: text.clone(),
+                message: text,
+                array_id,
+                state: state.name(),
+                code: "upload_refused",
             },
             UploadError::Invalid { .. }
             | UploadError::Taken { .. }
@@ -199,8 +257,15 @@ impl From<UploadError> for ServiceError {
             | UploadError::NotReadable { .. }
             | UploadError::OverLimit { .. }
             | UploadError::TooManyCells { .. }
+            | UploadError::TooMany { .. }
             | UploadError::InFlight { waited: None, .. } => ServiceError::InvalidArgument(text),
             UploadError::InFlight { .. } => ServiceError::Unavailable(text),
+            UploadError::Manifest(source) if source.is_disk_full() => {
+                ServiceError::Unavailable(format!(
+                    "{text}: the state directory's filesystem is full; nothing was recorded, \
+                     try again once there is room"
+                ))
+            }
             UploadError::Data { source, .. } if source.is_disk_full() => {
                 ServiceError::Unavailable(format!(
                     "{text}: the state directory's filesystem is full; nothing was stored, send \

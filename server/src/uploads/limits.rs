@@ -44,6 +44,12 @@ pub struct UploadLimits {
     pub max_bytes_in_flight: u64,
     /// Most bytes of chunk DoPuts held at once for one upload.
     pub max_bytes_in_flight_per_upload: u64,
+    /// Most uploads held at once, discarded ones included until their names free
+    /// (`upload_max_count`); `add_tensor` beyond it is refused.
+    pub max_uploads: usize,
+    /// Most upload stores open at once (`upload_open_stores`); each holds two descriptors.
+    /// The least recently used idle one is closed beyond it and reopened on demand.
+    pub open_stores: usize,
 }
 
 impl Default for UploadLimits {
@@ -52,6 +58,8 @@ impl Default for UploadLimits {
             max_cells: DEFAULT_MAX_UPLOAD_CELLS,
             max_bytes_in_flight: DEFAULT_MAX_UPLOAD_BYTES_IN_FLIGHT,
             max_bytes_in_flight_per_upload: DEFAULT_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_UPLOAD,
+            max_uploads: super::DEFAULT_MAX_UPLOADS,
+            open_stores: super::DEFAULT_OPEN_STORES,
         }
     }
 }

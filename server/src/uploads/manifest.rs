@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
+
+use crate::reopening_db::ReopeningDb;
 
 use super::record::UploadRecord;
 
@@ -38,9 +40,9 @@ pub enum ManifestError {
 /// One upload as loaded at open: its record and its chunks (cell index → store key).
 pub type Loaded = (UploadRecord, HashMap<u64, Vec<u8>>);
 
-/// The open manifest.
+/// The open manifest (reopened by itself after an I/O error such as a full disk).
 pub struct Manifest {
-    db: Database,
+    db: ReopeningDb,
 }
 
 fn encode(record: &UploadRecord) -> Vec<u8> {
@@ -48,20 +50,50 @@ fn encode(record: &UploadRecord) -> Vec<u8> {
     serde_json::to_vec(record).unwrap_or_default()
 }
 
+impl ManifestError {
+    /// Whether the manifest failed for lack of room (a full or over-quota filesystem), or
+    /// is being reopened after such a failure: worth retrying once there is room.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            ManifestError::Db(err) => {
+                crate::reopening_db::is_disk_full(err) || matches!(err, redb::Error::PreviousIo)
+            }
+            ManifestError::Record { .. } => false,
+        }
+    }
+}
+
 impl Manifest {
     /// Opens (creating) the manifest at `path`.
     pub fn open(path: &Path) -> Result<Manifest, ManifestError> {
-        let db = Database::create(path).map_err(redb::Error::from)?;
-        let tx = db.begin_write().map_err(redb::Error::from)?;
-        tx.open_table(UPLOADS).map_err(redb::Error::from)?;
-        tx.open_table(CHUNKS).map_err(redb::Error::from)?;
-        tx.commit().map_err(redb::Error::from)?;
-        Ok(Manifest { db })
+        let manifest = Manifest {
+            db: ReopeningDb::open(path)?,
+        };
+        manifest.write(|tx| {
+            tx.open_table(UPLOADS)?;
+            tx.open_table(CHUNKS)?;
+            Ok(())
+        })?;
+        Ok(manifest)
+    }
+
+    /// Runs `change` in one write transaction and commits it; an error is noted, so the
+    /// database is reopened after an I/O error.
+    fn write(
+        &self,
+        change: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), ManifestError> {
+        let tx = self.db.begin_write()?;
+        let done = change(&tx).and_then(|()| tx.commit().map_err(redb::Error::from));
+        if let Err(err) = &done {
+            self.db.note(err);
+        }
+        Ok(done?)
     }
 
     /// Every upload with its chunks.
     pub fn load(&self) -> Result<Vec<Loaded>, ManifestError> {
-        let tx = self.db.begin_read().map_err(redb::Error::from)?;
+        let tx = self.db.begin_read()?;
         let uploads = tx.open_table(UPLOADS).map_err(redb::Error::from)?;
         let chunks = tx.open_table(CHUNKS).map_err(redb::Error::from)?;
         let mut out = Vec::new();
@@ -88,54 +120,40 @@ impl Manifest {
 
     /// Writes `record` (insert or replace).
     pub fn put_record(&self, record: &UploadRecord) -> Result<(), ManifestError> {
-        let tx = self.db.begin_write().map_err(redb::Error::from)?;
-        {
-            let mut uploads = tx.open_table(UPLOADS).map_err(redb::Error::from)?;
-            uploads
-                .insert(record.array_id.as_str(), encode(record).as_slice())
-                .map_err(redb::Error::from)?;
-        }
-        tx.commit().map_err(redb::Error::from)?;
-        Ok(())
+        self.write(|tx| {
+            let mut uploads = tx.open_table(UPLOADS)?;
+            uploads.insert(record.array_id.as_str(), encode(record).as_slice())?;
+            Ok(())
+        })
     }
 
     /// Records that cell `cell` of upload `uid` is the store entry `key`.
     pub fn put_chunk(&self, uid: u64, cell: u64, key: &[u8]) -> Result<(), ManifestError> {
-        let tx = self.db.begin_write().map_err(redb::Error::from)?;
-        {
-            let mut chunks = tx.open_table(CHUNKS).map_err(redb::Error::from)?;
-            chunks.insert((uid, cell), key).map_err(redb::Error::from)?;
-        }
-        tx.commit().map_err(redb::Error::from)?;
-        Ok(())
+        self.write(|tx| {
+            let mut chunks = tx.open_table(CHUNKS)?;
+            chunks.insert((uid, cell), key)?;
+            Ok(())
+        })
     }
 
     /// Forgets the chunks of upload `uid` (its storage is gone).
     pub fn drop_chunks(&self, uid: u64) -> Result<(), ManifestError> {
-        let tx = self.db.begin_write().map_err(redb::Error::from)?;
-        {
-            let mut chunks = tx.open_table(CHUNKS).map_err(redb::Error::from)?;
-            chunks
-                .retain_in((uid, 0)..=(uid, u64::MAX), |_, _| false)
-                .map_err(redb::Error::from)?;
-        }
-        tx.commit().map_err(redb::Error::from)?;
-        Ok(())
+        self.write(|tx| {
+            let mut chunks = tx.open_table(CHUNKS)?;
+            chunks.retain_in((uid, 0)..=(uid, u64::MAX), |_, _| false)?;
+            Ok(())
+        })
     }
 
     /// Forgets the upload `array_id` and its chunks: its name is free again.
     pub fn remove(&self, array_id: &str, uid: u64) -> Result<(), ManifestError> {
-        let tx = self.db.begin_write().map_err(redb::Error::from)?;
-        {
-            let mut uploads = tx.open_table(UPLOADS).map_err(redb::Error::from)?;
-            uploads.remove(array_id).map_err(redb::Error::from)?;
-            let mut chunks = tx.open_table(CHUNKS).map_err(redb::Error::from)?;
-            chunks
-                .retain_in((uid, 0)..=(uid, u64::MAX), |_, _| false)
-                .map_err(redb::Error::from)?;
-        }
-        tx.commit().map_err(redb::Error::from)?;
-        Ok(())
+        self.write(|tx| {
+            let mut uploads = tx.open_table(UPLOADS)?;
+            uploads.remove(array_id)?;
+            let mut chunks = tx.open_table(CHUNKS)?;
+            chunks.retain_in((uid, 0)..=(uid, u64::MAX), |_, _| false)?;
+            Ok(())
+        })
     }
 }
 

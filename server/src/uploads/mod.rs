@@ -19,14 +19,15 @@ mod error;
 mod id;
 mod limits;
 mod manifest;
+mod open;
 mod record;
 mod zeros;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arrow_array::RecordBatch;
 use parking_lot::{Mutex, RwLock};
@@ -46,6 +47,7 @@ use crate::chunks::EncodedChunk;
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
 use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};
+use open::{DataSlot, OpenStores};
 use record::{Move, Refusal};
 
 /// Largest tensor an upload may declare: 1 TiB.
@@ -57,6 +59,19 @@ pub const TOMBSTONE_SECONDS: u64 = 3600;
 
 /// How often the sweep looks for expired uploads and discarded storage.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Longest discard reason `set_upload_status` takes, in bytes: it travels back in the
+/// `extra_info` of every later refusal, which gRPC clients cap at a few KiB of metadata.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// Longest axis label `add_tensor` takes, in bytes.
+pub const MAX_DIM_LABEL_BYTES: usize = 256;
+
+/// Default most uploads one state directory holds (`upload_max_count`).
+pub const DEFAULT_MAX_UPLOADS: usize = 4096;
+
+/// Default most upload stores open at once (`upload_open_stores`).
+pub const DEFAULT_OPEN_STORES: usize = 64;
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -77,11 +92,15 @@ pub struct Upload {
     dtype: Dtype,
     version: ContentVersion,
     dir: PathBuf,
-    data: Mutex<Option<Arc<ChunkData>>>,
+    slot: Arc<DataSlot>,
+    stores: Arc<OpenStores>,
     /// Cell index → store key of every acknowledged chunk.
     cells: Mutex<HashMap<u64, Vec<u8>>>,
     /// Bytes of its chunk DoPuts being received.
     in_flight: InFlight,
+    /// Discarded (its storage removed) but the manifest could not record it yet (a full
+    /// disk): the sweep writes the record once it can.
+    unsaved: AtomicBool,
 }
 
 impl Upload {
@@ -89,6 +108,7 @@ impl Upload {
         record: UploadRecord,
         data_root: &Path,
         limits: &UploadLimits,
+        stores: &Arc<OpenStores>,
     ) -> Result<Upload, String> {
         let dtype = Dtype::parse(&record.dtype).map_err(|e| e.to_string())?;
         let grid =
@@ -103,11 +123,12 @@ impl Upload {
         };
         Ok(Upload {
             dir: data_root.join(format!("{:016x}", record.uid)),
+            slot: DataSlot::new(record.uid),
+            stores: stores.clone(),
             record: Mutex::new(record),
             grid,
             dtype,
             version,
-            data: Mutex::new(None),
             cells: Mutex::new(HashMap::new()),
             in_flight: InFlight::new(
                 limits.max_bytes_in_flight_per_upload,
@@ -116,6 +137,7 @@ impl Upload {
                  TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_UPLOAD, \
                  max_upload_bytes_in_flight_per_upload",
             ),
+            unsaved: AtomicBool::new(false),
         })
     }
 
@@ -179,19 +201,14 @@ impl Upload {
         self.version.size
     }
 
+    /// Its store, opened on demand (see [`open`]).
     fn data(&self) -> Result<Arc<ChunkData>, UploadError> {
-        let mut slot = self.data.lock();
-        if let Some(data) = slot.as_ref() {
-            return Ok(data.clone());
-        }
-        let data = Arc::new(
-            ChunkData::open(&self.dir).map_err(|source| UploadError::Data {
+        self.stores
+            .get(&self.slot, &self.dir)
+            .map_err(|source| UploadError::Data {
                 array_id: self.array_id(),
                 source,
-            })?,
-        );
-        *slot = Some(data.clone());
-        Ok(data)
+            })
     }
 
     fn meta_of(&self, cell: &Region) -> EntryMeta {
@@ -207,20 +224,20 @@ impl Upload {
     }
 
     /// Closes and removes the stored bytes (the upload is discarded).
+    /// Removing files needs no room, so this works on a full disk. The store stays closed
+    /// while its directory goes.
     fn reclaim(&self) -> Result<bool, UploadError> {
-        if let Some(data) = self.data.lock().take() {
-            data.close();
-        }
         self.cells.lock().clear();
-        match std::fs::remove_dir_all(&self.dir) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(UploadError::Io {
-                action: "remove",
-                path: self.dir.clone(),
-                source,
-            }),
-        }
+        self.stores
+            .close_then(&self.slot, || match std::fs::remove_dir_all(&self.dir) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(source) => Err(UploadError::Io {
+                    action: "remove",
+                    path: self.dir.clone(),
+                    source,
+                }),
+            })
     }
 }
 
@@ -268,6 +285,10 @@ pub struct Uploads {
     limits: UploadLimits,
     /// Bytes of chunk DoPuts being received, all uploads.
     in_flight: InFlight,
+    /// Most uploads held at once (`upload_max_count`).
+    max_uploads: usize,
+    /// The open stores (at most `upload_open_stores`) and their one maintenance worker.
+    stores: Arc<OpenStores>,
 }
 
 impl Uploads {
@@ -275,8 +296,9 @@ impl Uploads {
     /// the storage of discarded and orphaned uploads, discards what expired while the
     /// server was down, and starts the sweep. Uploads whose requested chunk shape cannot
     /// be used are cut on grids of about `target_chunk_bytes`; uploads to `scratch` live
-    /// at most `scratch_max_ttl` (`upload_max_ttl`); `limits` bound their grids and the
-    /// bytes of chunks being received.
+    /// at most `scratch_max_ttl` (`upload_max_ttl`); `limits` bound their number, their
+    /// open stores, their grids and the bytes of chunks being received. One thread sweeps
+    /// and maintains every upload's store.
     pub fn open(
         dir: &Path,
         target_chunk_bytes: u64,
@@ -290,12 +312,13 @@ impl Uploads {
             source,
         })?;
         let manifest = Manifest::open(&dir.join("manifest.redb"))?;
+        let stores = OpenStores::new(limits.open_stores);
         let mut table = HashMap::new();
         let mut last_uid = 0;
         for (record, cells) in manifest.load()? {
             last_uid = last_uid.max(record.uid);
             let array_id = record.array_id.clone();
-            let upload = match Upload::new(record, &data_root, &limits) {
+            let upload = match Upload::new(record, &data_root, &limits, &stores) {
                 Ok(upload) => upload,
                 Err(reason) => {
                     tracing::error!(%array_id, %reason, "upload record cannot be served; left in the manifest");
@@ -321,14 +344,16 @@ impl Uploads {
                 "--max-upload-bytes-in-flight, TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT, \
                  max_upload_bytes_in_flight",
             ),
+            max_uploads: limits.max_uploads,
+            stores: stores.clone(),
         });
         uploads.remove_orphan_dirs();
         uploads.check_chunks_present();
         uploads.sweep();
         let weak = Arc::downgrade(&uploads);
         std::thread::Builder::new()
-            .name("tessera-uploads-sweep".to_string())
-            .spawn(move || sweep_loop(weak))
+            .name("tessera-uploads".to_string())
+            .spawn(move || worker_loop(weak, stores))
             .map_err(|source| UploadError::Io {
                 action: "start the sweep for",
                 path: dir.to_path_buf(),
@@ -364,10 +389,22 @@ impl Uploads {
         }
     }
 
-    /// Opens every live upload's store and checks each acknowledged chunk is in it.
+    /// Checks each acknowledged chunk of every live upload is in its store (opening the
+    /// stores one by one, within the open store cap). An upload whose storage is gone
+    /// entirely was being discarded when the server stopped (the storage goes first): it is
+    /// discarded.
     fn check_chunks_present(&self) {
         for upload in self.all() {
             if upload.state() == State::Discarded || upload.cells.lock().is_empty() {
+                continue;
+            }
+            if !upload.dir.exists() {
+                let array_id = upload.array_id();
+                tracing::warn!(%array_id, "an upload's storage is gone: a discard did not finish before the server stopped; discarding it");
+                let reason = "its storage was removed by a discard that had not been recorded when the server stopped";
+                if let Err(err) = self.set_status(&array_id, State::Discarded, reason) {
+                    tracing::warn!(%array_id, error = %err, "cannot discard an upload whose storage is gone");
+                }
                 continue;
             }
             match upload.data() {
@@ -500,6 +537,21 @@ impl Uploads {
                 ),
             ));
         }
+        if let Some((axis, label)) = request
+            .dim_labels
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.len() > MAX_DIM_LABEL_BYTES)
+        {
+            return Err(UploadError::invalid(
+                CALL,
+                format!(
+                    "dim_labels[{axis}] is {} bytes, over the limit of {MAX_DIM_LABEL_BYTES} \
+                     bytes an axis label may have",
+                    label.len()
+                ),
+            ));
+        }
         let dim_labels = if request.dim_labels.is_empty() {
             crate::grid::default_dim_labels(&shape)
         } else {
@@ -533,7 +585,7 @@ impl Uploads {
             discarded_at: None,
         };
         let upload = Arc::new(
-            Upload::new(record.clone(), &self.data_root, &self.limits)
+            Upload::new(record.clone(), &self.data_root, &self.limits, &self.stores)
                 .map_err(|r| UploadError::invalid(CALL, r))?,
         );
         {
@@ -542,6 +594,12 @@ impl Uploads {
                 return Err(UploadError::Taken {
                     array_id,
                     state: taken.state(),
+                });
+            }
+            if table.len() >= self.max_uploads {
+                return Err(UploadError::TooMany {
+                    held: table.len(),
+                    limit: self.max_uploads,
                 });
             }
             self.manifest.put_record(&record)?;
@@ -616,17 +674,30 @@ impl Uploads {
                 array_id: array_id.to_string(),
             });
         };
+        if reason.len() > MAX_REASON_BYTES {
+            return Err(UploadError::ReasonTooLong {
+                array_id: array_id.to_string(),
+                state: upload.state(),
+                len: reason.len(),
+            });
+        }
         let moved = {
             let mut record = upload.record.lock();
             match record::transition(record.state, to) {
                 Ok(Move::Stay) => false,
+                Ok(Move::To(State::Discarded)) => {
+                    let mut changed = record.clone();
+                    changed.state = State::Discarded;
+                    changed.reason = reason.to_string();
+                    changed.discarded_at = Some(unix_now());
+                    *record = changed.clone();
+                    drop(record);
+                    self.discard(&upload, &changed);
+                    true
+                }
                 Ok(Move::To(next)) => {
                     let mut changed = record.clone();
                     changed.state = next;
-                    if next == State::Discarded {
-                        changed.reason = reason.to_string();
-                        changed.discarded_at = Some(unix_now());
-                    }
                     self.manifest.put_record(&changed)?;
                     *record = changed;
                     true
@@ -650,16 +721,39 @@ impl Uploads {
         };
         if moved {
             tracing::info!(%array_id, state = to.name(), "upload status set");
-            if to == State::Discarded {
-                self.reclaim(&upload);
-            }
         }
         Ok(Some(upload.status()))
     }
 
-    /// Removes a discarded upload's bytes and forgets its chunks (storage reclaimed).
+    /// Discards `upload` (its record in memory already says so): frees its storage first,
+    /// since on a full disk that is what makes room for the manifest's write, then records
+    /// the discard. A record the manifest cannot take yet is written by the sweep; were the
+    /// server stopped before, the upload comes back without its storage and is discarded
+    /// again at open ([`Uploads::check_chunks_present`]).
+    fn discard(&self, upload: &Upload, record: &UploadRecord) {
+        self.reclaim(upload);
+        self.save_discard(upload, record);
+    }
+
+    /// Writes a discarded upload's record and forgets its chunks; on failure leaves it to
+    /// the sweep.
+    fn save_discard(&self, upload: &Upload, record: &UploadRecord) {
+        let saved = self
+            .manifest
+            .put_record(record)
+            .and_then(|()| self.manifest.drop_chunks(record.uid));
+        match saved {
+            Ok(()) => upload.unsaved.store(false, Ordering::Release),
+            Err(err) => {
+                if !upload.unsaved.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(array_id = %record.array_id, error = %err, "cannot record a discard yet; its storage is freed and the sweep records it once the manifest can be written");
+                }
+            }
+        }
+    }
+
+    /// Removes a discarded upload's bytes (storage reclaimed).
     fn reclaim(&self, upload: &Upload) {
-        let uid = upload.record.lock().uid;
         match upload.reclaim() {
             Ok(removed) => {
                 if removed {
@@ -667,9 +761,6 @@ impl Uploads {
                 }
             }
             Err(err) => tracing::warn!(error = %err, "cannot remove a discarded upload's storage"),
-        }
-        if let Err(err) = self.manifest.drop_chunks(uid) {
-            tracing::warn!(error = %err, "cannot forget a discarded upload's chunks");
         }
     }
 
@@ -794,11 +885,15 @@ impl Uploads {
     /// The READY upload and cell a read ticket names.
     pub fn read_target(&self, chunk_id: &ChunkId) -> Result<ChunkTarget, UploadError> {
         let target = self.target("read", chunk_id.clone())?;
-        let state = target.upload.state();
+        let (state, detail) = {
+            let record = target.upload.record.lock();
+            (record.state, record.reason.clone())
+        };
         if state != State::Ready {
             return Err(UploadError::NotReadable {
                 array_id: chunk_id.array_id().to_string(),
                 state,
+                detail,
             });
         }
         Ok(target)
@@ -897,6 +992,11 @@ impl Uploads {
             if upload.dir.exists() {
                 self.reclaim(&upload);
             }
+            if upload.unsaved.load(Ordering::Acquire) {
+                let record = upload.record.lock().clone();
+                self.save_discard(&upload, &record);
+                continue;
+            }
             let (free_at, uid) = {
                 let r = upload.record.lock();
                 (r.tombstone_until(TOMBSTONE_SECONDS), r.uid)
@@ -917,13 +1017,26 @@ impl Uploads {
     }
 }
 
-fn sweep_loop(uploads: Weak<Uploads>) {
+/// The one thread of the uploads: maintains the open stores as they ask, and sweeps every
+/// [`SWEEP_EVERY`]; ends once the uploads are dropped.
+fn worker_loop(uploads: Weak<Uploads>, stores: Arc<OpenStores>) {
+    let mut next_sweep = Instant::now() + SWEEP_EVERY;
     loop {
-        std::thread::sleep(SWEEP_EVERY);
-        let Some(uploads) = uploads.upgrade() else {
-            return;
-        };
-        uploads.sweep();
+        stores.maintain(next_sweep.saturating_duration_since(Instant::now()));
+        if Instant::now() >= next_sweep {
+            let Some(uploads) = uploads.upgrade() else {
+                return;
+            };
+            uploads.sweep();
+            next_sweep = Instant::now() + SWEEP_EVERY;
+        }
+    }
+}
+
+impl Drop for Uploads {
+    /// Closes the open stores (sealing their segments, releasing their locks).
+    fn drop(&mut self) {
+        self.stores.close_all();
     }
 }
 
