@@ -45,6 +45,12 @@ fn ticks_per_second() -> u64 {
 }
 
 fn serve(dir: &std::path::Path, extra: &[&str]) -> ServerProcess {
+    serve_env(dir, extra, &[])
+}
+
+/// [`serve`] with settings given by environment (`TESSERA_*`), which a server that does not
+/// know them ignores: a build from before they existed runs these scenarios too.
+fn serve_env(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> ServerProcess {
     let path = dir.join("small.npy");
     write_npy(&path, "|u1", &[64, 64], &pattern(64 * 64, 1));
     let cache = dir.join("cache");
@@ -56,7 +62,7 @@ fn serve(dir: &std::path::Path, extra: &[&str]) -> ServerProcess {
         "1s",
     ];
     args.extend_from_slice(extra);
-    ServerProcess::spawn(&args)
+    ServerProcess::spawn_env(&args, env)
 }
 
 fn silent_peers(server: &ServerProcess, n: usize) -> Vec<TcpStream> {
@@ -208,17 +214,12 @@ async fn serves_with_token(server: &ServerProcess, token: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_metrics_connections_are_capped_and_closed_while_flight_serves() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(
+    let server = serve_env(
         dir.path(),
+        &["--token", TOKEN, "--metrics-listen", "127.0.0.1:0"],
         &[
-            "--token",
-            TOKEN,
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-max-connections",
-            "8",
-            "--metrics-timeout",
-            "1s",
+            ("TESSERA_METRICS_MAX_CONNECTIONS", "8"),
+            ("TESSERA_METRICS_TIMEOUT", "1s"),
         ],
     );
     let pid = server.pid();
@@ -317,15 +318,12 @@ fn loopback(last: u8) -> IpAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_make_room_for_a_new_client() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(
+    let server = serve_env(
         dir.path(),
+        &["--max-connections", "8"],
         &[
-            "--max-connections",
-            "8",
-            "--max-connections-per-peer",
-            "8",
-            "--reclaim-idle-after",
-            "1s",
+            ("TESSERA_MAX_CONNECTIONS_PER_PEER", "8"),
+            ("TESSERA_RECLAIM_IDLE_AFTER", "1s"),
         ],
     );
     // Every slot taken by a connection that answers PINGs and makes no further call.
@@ -365,9 +363,10 @@ async fn idle_http2_connections_make_room_for_a_new_client() {
 async fn one_peer_cannot_hold_every_slot() {
     let dir = tempfile::tempdir().unwrap();
     // --max-connections-per-peer defaults to half of --max-connections: 4 of 8.
-    let server = serve(
+    let server = serve_env(
         dir.path(),
-        &["--max-connections", "8", "--reclaim-idle-after", "60s"],
+        &["--max-connections", "8"],
+        &[("TESSERA_RECLAIM_IDLE_AFTER", "60s")],
     );
     let mut greedy = Vec::new();
     let mut refused = 0;
