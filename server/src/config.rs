@@ -13,6 +13,8 @@
 //! settle_window = "1s"                   # sources touched this recently are waited for
 //! max_connections = 512                  # connections held at once; more are closed
 //! handshake_timeout = "10s"              # time a new connection has to start speaking
+//! max_connections_per_peer = 256         # connections of one address [default: half of max_connections]
+//! reclaim_idle_after = "5s"              # with every slot taken, close one idle this long
 //! max_pinned = "1GiB"                    # bytes unread replies may hold, all peers
 //! max_pinned_per_connection = "512MiB"   # bytes unread replies may hold, one connection
 //! stream_idle_timeout = "60s"            # a reply idle this long closes its connection
@@ -48,7 +50,8 @@
 //!
 //! Operations keys: `watch = false` (sources are rescanned by default) and
 //! `watch_interval = "2s"` (live directories),
-//! `metrics_listen = "127.0.0.1:9815"`, `log_format = "json"`. Every key, flag and
+//! `metrics_listen = "127.0.0.1:9815"` (`metrics_max_connections = 16`,
+//! `metrics_timeout = "10s"`), `log_format = "json"`. Every key, flag and
 //! environment variable is documented in `docs/configuration.md`.
 
 use std::net::SocketAddr;
@@ -64,8 +67,10 @@ use crate::scaled::pyramid::PyramidPolicy;
 
 use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
+use crate::listener::SeatLimits;
 use crate::pins::PinLimits;
 use crate::route::LoopbackPlans;
+use crate::scrape::{DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_TIMEOUT, ScrapeLimits};
 use crate::source::meta::{Supplied, Units};
 use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
@@ -76,6 +81,9 @@ use crate::watch::DEFAULT_WATCH_INTERVAL;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default time a new connection has to send its first bytes.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time without a call in flight after which a connection may be closed to make
+/// room for a new one when every slot is taken.
+pub const DEFAULT_RECLAIM_IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// Default longest lifetime of an upload to the scratch source: 7 days.
 pub const DEFAULT_UPLOAD_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -247,6 +255,14 @@ pub struct ConfigFile {
     pub upload_max_count: Option<usize>,
     /// Most upload stores open at once.
     pub upload_open_stores: Option<usize>,
+    /// Connections one peer address may hold at once.
+    pub max_connections_per_peer: Option<usize>,
+    /// Idle time after which a connection may be closed for a new one, as a duration string.
+    pub reclaim_idle_after: Option<String>,
+    /// Connections to the `/metrics` endpoint held at once.
+    pub metrics_max_connections: Option<usize>,
+    /// Longest life of a `/metrics` connection, as a duration string.
+    pub metrics_timeout: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -427,6 +443,23 @@ pub struct ServeArgs {
     /// one is closed beyond it and reopened when next used [default: 64].
     #[arg(long, env = "TESSERA_UPLOAD_OPEN_STORES", value_name = "N")]
     pub upload_open_stores: Option<usize>,
+    /// Connections one peer address may hold at once (all local clients are one address);
+    /// past it, the peer's connection idle longest makes room or the new one is closed
+    /// [default: half of --max-connections].
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", value_name = "N")]
+    pub max_connections_per_peer: Option<usize>,
+    /// When a new connection finds every slot taken, the connection with no call in flight
+    /// for longest is closed for it if it has been idle this long [default: 5s].
+    #[arg(long, env = "TESSERA_RECLAIM_IDLE_AFTER", value_name = "DURATION")]
+    pub reclaim_idle_after: Option<String>,
+    /// Connections to the --metrics-listen endpoint held at once; more are closed as they
+    /// arrive [default: 16].
+    #[arg(long, env = "TESSERA_METRICS_MAX_CONNECTIONS", value_name = "N")]
+    pub metrics_max_connections: Option<usize>,
+    /// A --metrics-listen connection is closed this long after it was accepted, scrape
+    /// finished or not [default: 10s].
+    #[arg(long, env = "TESSERA_METRICS_TIMEOUT", value_name = "DURATION")]
+    pub metrics_timeout: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -495,6 +528,12 @@ pub struct ServeConfig {
     /// Bounds on the uploads: their number and open stores (`upload_max_count`,
     /// `upload_open_stores`), their grids and the chunks being received (`max_upload_*`).
     pub upload_limits: UploadLimits,
+    /// Connections one peer address may hold (`None`: half of `max_connections`).
+    pub max_connections_per_peer: Option<usize>,
+    /// Idle time after which a connection may be closed for a new one.
+    pub reclaim_idle_after: Duration,
+    /// Bounds of the `/metrics` endpoint's connections.
+    pub metrics_limits: ScrapeLimits,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -540,6 +579,25 @@ impl ServeConfig {
             state_dir: default_state_dir(),
             upload_max_ttl: DEFAULT_UPLOAD_MAX_TTL,
             upload_limits: UploadLimits::default(),
+            max_connections_per_peer: None,
+            reclaim_idle_after: DEFAULT_RECLAIM_IDLE_AFTER,
+            metrics_limits: ScrapeLimits {
+                max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
+                timeout: DEFAULT_METRICS_TIMEOUT,
+            },
+        }
+    }
+
+    /// The seats of the Flight listener: `max_connections`, of which one peer may hold
+    /// `max_connections_per_peer` (half, rounded up, when unset).
+    pub fn seat_limits(&self) -> SeatLimits {
+        SeatLimits {
+            max_connections: self.max_connections,
+            max_per_peer: self
+                .max_connections_per_peer
+                .unwrap_or(self.max_connections.div_ceil(2))
+                .clamp(1, self.max_connections.max(1)),
+            reclaim_idle_after: self.reclaim_idle_after,
         }
     }
 
@@ -664,6 +722,33 @@ impl ServeConfig {
                 "max_connections 0 would refuse every client; use at least 1".to_string(),
             ));
         }
+        let max_connections_per_peer = args
+            .max_connections_per_peer
+            .or(file.max_connections_per_peer);
+        if max_connections_per_peer == Some(0) {
+            return Err(ConfigError::Invalid(
+                "max_connections_per_peer 0 would refuse every client; use at least 1".to_string(),
+            ));
+        }
+        let reclaim_idle_after = match args.reclaim_idle_after.or(file.reclaim_idle_after) {
+            Some(s) => parse_duration(&s)?,
+            None => DEFAULT_RECLAIM_IDLE_AFTER,
+        };
+        let metrics_limits = ScrapeLimits {
+            max_connections: args
+                .metrics_max_connections
+                .or(file.metrics_max_connections)
+                .unwrap_or(DEFAULT_METRICS_MAX_CONNECTIONS),
+            timeout: match args.metrics_timeout.or(file.metrics_timeout) {
+                Some(s) => parse_duration(&s)?,
+                None => DEFAULT_METRICS_TIMEOUT,
+            },
+        };
+        if metrics_limits.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "metrics_max_connections 0 would refuse every scrape; use at least 1".to_string(),
+            ));
+        }
         let defaults = PinLimits::default();
         let pins = PinLimits {
             max_bytes: match args.max_pinned.or(file.max_pinned) {
@@ -752,6 +837,9 @@ impl ServeConfig {
                 .unwrap_or_else(default_state_dir),
             upload_max_ttl,
             upload_limits,
+            max_connections_per_peer,
+            reclaim_idle_after,
+            metrics_limits,
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::config::{CacheKind, ServeConfig};
 use crate::flight::TesseraFlight;
 use crate::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::flight::chunk_get::ChunkGet;
-use crate::listener::{Admission, incoming};
+use crate::listener::{Admission, CountCalls, incoming};
 use crate::metrics::{Metered, Metrics};
 use crate::rois::{Annotations, RoiLimits};
 use crate::scrape::MetricsServer;
@@ -53,6 +53,14 @@ pub enum DaemonError {
          Set one with --token TOKEN or TESSERA_TOKEN (16-128 chars of [A-Za-z0-9_-]), or listen on 127.0.0.1"
     )]
     ExposedWithoutToken(SocketAddr),
+    /// Serving metrics on a non-loopback address without a token.
+    #[error(
+        "refusing to serve metrics on {0} without a token: anyone who can reach it could read \
+         the server's figures and hold its connections. Set one with --token TOKEN or \
+         TESSERA_TOKEN (scrapes then send 'Authorization: Bearer TOKEN'), or use \
+         --metrics-listen 127.0.0.1:PORT"
+    )]
+    MetricsExposedWithoutToken(SocketAddr),
     /// The token has the wrong form.
     #[error("{0}")]
     BadToken(#[from] crate::flight::auth::BadToken),
@@ -105,6 +113,10 @@ impl Daemon {
             validate_token(token)?;
         } else if !config.listen.ip().is_loopback() {
             return Err(DaemonError::ExposedWithoutToken(config.listen));
+        } else if let Some(addr) = config.metrics_listen
+            && !addr.ip().is_loopback()
+        {
+            return Err(DaemonError::MetricsExposedWithoutToken(addr));
         }
         let tls = match &config.tls {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
@@ -170,7 +182,7 @@ impl Daemon {
         state.scan_status().finish();
         let metrics_server = match config.metrics_listen {
             Some(addr) => Some(
-                MetricsServer::bind(addr)
+                MetricsServer::bind(addr, config.metrics_limits, config.token.clone())
                     .await
                     .map_err(|source| DaemonError::Bind { addr, source })?,
             ),
@@ -179,7 +191,7 @@ impl Daemon {
         Ok(Daemon {
             listener,
             admission: Admission {
-                max_connections: config.max_connections,
+                seats: config.seat_limits(),
                 handshake_timeout: config.handshake_timeout,
             },
             state,
@@ -224,6 +236,9 @@ impl Daemon {
         let service = Authenticated::new(service, TokenCheck::new(self.token.clone()))
             .with_sealed_roi_reads();
         let service = Metered::new(service, self.state.metrics().clone());
+        // Outermost: a call is in flight on its connection until its reply is gone, so
+        // only connections without one are closed to make room (`--reclaim-idle-after`).
+        let service = CountCalls::new(service);
         let mut side_tasks = Vec::new();
         if let Some(metrics) = self.metrics_server {
             if let Ok(at) = metrics.local_addr() {

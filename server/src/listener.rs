@@ -1,12 +1,17 @@
-//! The accept loop: admits at most a configured number of connections, drops peers that do
-//! not start speaking within the handshake timeout, and backs off instead of spinning when
-//! the process runs out of descriptors. Each connection is registered with the ledger of
-//! unread replies ([`crate::pins`]), which can close it: its reads and writes then fail and
-//! hyper drops it with every stream on it.
+//! The accept loop: admits at most a configured number of connections (and of one peer),
+//! closes the connection idle longest when a new one finds every seat taken, drops peers
+//! that do not start speaking within the handshake timeout, and backs off instead of
+//! spinning when the process runs out of descriptors. Each connection is registered with
+//! the ledger of unread replies ([`crate::pins`]), which can close it: its reads and writes
+//! then fail and hyper drops it with every stream on it.
 //!
 //! Without it an idle TCP connection that never sends the HTTP/2 preface was held forever,
 //! and with the descriptor limit reached tonic's loop retried `accept` at once, at 100 % CPU,
-//! while new clients timed out (issue 14).
+//! while new clients timed out (issue 14); HTTP/2 connections that only answer PINGs held
+//! every slot for good (issue 28).
+
+mod calls;
+mod roster;
 
 use std::future::Future;
 use std::io;
@@ -18,9 +23,11 @@ use std::time::Duration;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
+
+pub use calls::CountCalls;
+pub use roster::{Activity, CallInFlight, NoSeat, Roster, Seat, SeatLimits};
 
 use crate::metrics::{Metrics, OpenConnection};
 use crate::pins::{Connection, Pins};
@@ -36,10 +43,67 @@ const BACKOFF_CAP: Duration = Duration::from_secs(1);
 /// Limits of the accept loop.
 #[derive(Clone, Copy, Debug)]
 pub struct Admission {
-    /// Connections held open at once; beyond it new ones are closed as they arrive.
-    pub max_connections: usize,
+    /// Connections held open at once, by one peer, and when an idle one makes room.
+    pub seats: SeatLimits,
     /// Time a new connection has to send its first bytes (the HTTP/2 preface or TLS hello).
     pub handshake_timeout: Duration,
+}
+
+/// A listener's `accept`, retried on failure: with a pause, doubling up to a second, when
+/// the process is out of descriptors or memory (where retrying at once would spin).
+pub struct Acceptor {
+    listener: TcpListener,
+    backoff: Duration,
+}
+
+impl Acceptor {
+    /// Accepts on `listener`.
+    pub fn new(listener: TcpListener) -> Self {
+        Self {
+            listener,
+            backoff: BACKOFF_START,
+        }
+    }
+
+    /// The address bound.
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The next accepted connection (never an error: failures are logged and retried).
+    pub async fn accept(&mut self) -> TcpStream {
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, _)) => {
+                    self.backoff = BACKOFF_START;
+                    return stream;
+                }
+                Err(err) if out_of_resources(&err) => {
+                    tracing::warn!(error = %err, pause = ?self.backoff, "accept failed for lack of resources; pausing");
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(BACKOFF_CAP);
+                }
+                Err(err) => tracing::debug!(error = %err, "accept failed"),
+            }
+        }
+    }
+}
+
+/// Counts the connections a listener closed at once for want of a slot, and says so in
+/// the log once per doubling of the count.
+#[derive(Debug, Default)]
+pub struct TurnedAway {
+    count: u64,
+}
+
+impl TurnedAway {
+    /// Notes one more; `log` writes the line when the count reaches a power of two.
+    pub fn note(&mut self, log: impl FnOnce(u64)) {
+        self.count += 1;
+        if self.count.is_power_of_two() {
+            log(self.count);
+        }
+    }
 }
 
 /// The accepted connections of `listener` under `admission`, ready for tonic's
@@ -52,59 +116,67 @@ pub fn incoming(
     pins: Arc<Pins>,
     metrics: Metrics,
 ) -> impl Stream<Item = Result<Admitted, io::Error>> {
-    let slots = Arc::new(Semaphore::new(admission.max_connections.max(1)));
+    let roster = Roster::new(admission.seats);
     futures::stream::unfold(
-        (listener, slots, pins, metrics, BACKOFF_START, 0u64),
-        move |(listener, slots, pins, metrics, mut backoff, mut turned_away)| async move {
+        (
+            Acceptor::new(listener),
+            roster,
+            pins,
+            metrics,
+            TurnedAway::default(),
+        ),
+        move |(mut acceptor, roster, pins, metrics, mut turned_away)| async move {
             loop {
-                let stream = match listener.accept().await {
-                    Ok((stream, _)) => stream,
-                    Err(err) if out_of_resources(&err) => {
-                        tracing::warn!(error = %err, pause = ?backoff, "accept failed for lack of resources; pausing");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(BACKOFF_CAP);
+                let stream = acceptor.accept().await;
+                let peer = stream.peer_addr().ok();
+                let seat = match roster.seat(peer.map(|p| p.ip())) {
+                    Ok(seat) => seat,
+                    Err(why) => {
+                        // Closed at once: the peer sees a reset, not a hang.
+                        turned_away.note(|count| refusal_line(&admission.seats, why, peer, count));
+                        drop(stream);
                         continue;
                     }
-                    Err(err) => {
-                        tracing::debug!(error = %err, "accept failed");
-                        continue;
-                    }
-                };
-                backoff = BACKOFF_START;
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    // Closed at once: the peer sees a reset, not a hang.
-                    turned_away += 1;
-                    if turned_away.is_power_of_two() {
-                        tracing::warn!(
-                            max_connections = admission.max_connections,
-                            turned_away,
-                            "connection limit reached; closing new connections"
-                        );
-                    }
-                    drop(stream);
-                    continue;
                 };
                 if let Err(e) = stream.set_nodelay(true) {
                     tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
                 }
-                let connection = pins.connect(stream.peer_addr().ok());
+                let connection = pins.connect(peer);
                 let admitted = Admitted {
                     stream,
                     connection,
                     _open: metrics.connection_opened(),
-                    _slot: permit,
+                    seat,
                     handshake: Some(Box::pin(tokio::time::sleep_until(
                         Instant::now() + admission.handshake_timeout,
                     ))),
                     received: 0,
                 };
-                return Some((
-                    Ok(admitted),
-                    (listener, slots, pins, metrics, backoff, turned_away),
-                ));
+                return Some((Ok(admitted), (acceptor, roster, pins, metrics, turned_away)));
             }
         },
     )
+}
+
+/// The warning written when new connections are refused (once per doubling of `count`).
+fn refusal_line(limits: &SeatLimits, why: NoSeat, peer: Option<std::net::SocketAddr>, count: u64) {
+    match why {
+        NoSeat::Full => tracing::warn!(
+            max_connections = limits.max_connections,
+            turned_away = count,
+            "connection limit reached, no connection idle for {:?} to close; closing new \
+             connections (raise --max-connections)",
+            limits.reclaim_idle_after
+        ),
+        NoSeat::PeerFull => tracing::warn!(
+            peer = ?peer.map(|p| p.ip()),
+            max_connections_per_peer = limits.max_per_peer,
+            turned_away = count,
+            "a peer holds its share of connections, none idle for {:?}; closing its new \
+             connections (raise --max-connections-per-peer)",
+            limits.reclaim_idle_after
+        ),
+    }
 }
 
 /// `accept` errors that mean "not now" for the whole process rather than one bad peer.
@@ -121,7 +193,7 @@ pub struct Admitted {
     stream: TcpStream,
     connection: Arc<Connection>,
     _open: OpenConnection,
-    _slot: OwnedSemaphorePermit,
+    seat: Seat,
     /// Running until the first bytes arrived; `None` after.
     handshake: Option<Pin<Box<Sleep>>>,
     received: usize,
@@ -135,6 +207,8 @@ pub struct Peer {
     pub tcp: TcpConnectInfo,
     /// The connection's ledger entry.
     pub connection: Arc<Connection>,
+    /// The connection's calls in flight, as its seat's roster counts them.
+    pub activity: Arc<Activity>,
 }
 
 impl Peer {
@@ -166,6 +240,7 @@ impl Connected for Admitted {
         Peer {
             tcp: self.stream.connect_info(),
             connection: Arc::clone(&self.connection),
+            activity: Arc::clone(self.seat.activity()),
         }
     }
 }
@@ -178,6 +253,27 @@ fn closed_by_server() -> io::Error {
     )
 }
 
+/// The error the I/O of a connection closed to make room fails with.
+fn reclaimed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed by the server: idle while a new connection needed its slot",
+    )
+}
+
+impl Admitted {
+    /// Why this connection's I/O must fail now, if it must.
+    fn closed(&self) -> Option<io::Error> {
+        if self.connection.is_closing() {
+            Some(closed_by_server())
+        } else if self.seat.activity().is_reclaimed() {
+            Some(reclaimed())
+        } else {
+            None
+        }
+    }
+}
+
 impl AsyncRead for Admitted {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -185,8 +281,9 @@ impl AsyncRead for Admitted {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         self.connection.register_reader(cx.waker());
-        if self.connection.is_closing() {
-            return Poll::Ready(Err(closed_by_server()));
+        self.seat.activity().register_reader(cx.waker());
+        if let Some(err) = self.closed() {
+            return Poll::Ready(Err(err));
         }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
@@ -213,8 +310,9 @@ impl AsyncWrite for Admitted {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.connection.register_writer(cx.waker());
-        if self.connection.is_closing() {
-            return Poll::Ready(Err(closed_by_server()));
+        self.seat.activity().register_writer(cx.waker());
+        if let Some(err) = self.closed() {
+            return Poll::Ready(Err(err));
         }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
@@ -225,8 +323,9 @@ impl AsyncWrite for Admitted {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.connection.register_writer(cx.waker());
-        if self.connection.is_closing() {
-            return Poll::Ready(Err(closed_by_server()));
+        self.seat.activity().register_writer(cx.waker());
+        if let Some(err) = self.closed() {
+            return Poll::Ready(Err(err));
         }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }

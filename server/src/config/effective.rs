@@ -59,6 +59,15 @@ pub fn render(config: &ServeConfig) -> String {
         "handshake_timeout".into(),
         Value::String(format_duration(config.handshake_timeout)),
     );
+    let seats = config.seat_limits();
+    top.insert(
+        "max_connections_per_peer".into(),
+        Value::Integer(i64::try_from(seats.max_per_peer).unwrap_or(i64::MAX)),
+    );
+    top.insert(
+        "reclaim_idle_after".into(),
+        Value::String(format_duration(seats.reclaim_idle_after)),
+    );
     top.insert(
         "max_pinned".into(),
         Value::String(format_size(config.pins.max_bytes)),
@@ -79,6 +88,14 @@ pub fn render(config: &ServeConfig) -> String {
     if let Some(addr) = config.metrics_listen {
         top.insert("metrics_listen".into(), Value::String(addr.to_string()));
     }
+    top.insert(
+        "metrics_max_connections".into(),
+        Value::Integer(i64::try_from(config.metrics_limits.max_connections).unwrap_or(i64::MAX)),
+    );
+    top.insert(
+        "metrics_timeout".into(),
+        Value::String(format_duration(config.metrics_limits.timeout)),
+    );
     let log_format = match config.log_format {
         LogFormat::Text => "text",
         LogFormat::Json => "json",

@@ -1,37 +1,56 @@
 //! The `GET /metrics` endpoint (`--metrics-listen ADDR`), served by axum over HTTP/1.1:
 //! the recorded series of the service's [`Metrics`] followed by the [`StateCollector`]'s
 //! figures read from the service state at scrape time. Every other path answers 404, other
-//! methods on `/metrics` 405.
+//! methods on `/metrics` 405. When the server has a token, a scrape must carry it
+//! (`Authorization: Bearer TOKEN`) or is answered 401. Connections are capped and timed
+//! ([`ScrapeListener`]); every reply closes its connection.
 
 mod collector;
+mod listener;
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 pub use collector::StateCollector;
+pub use listener::{ScrapeLimits, ScrapeListener};
 
+use crate::flight::auth::TokenCheck;
 use crate::metrics::{CONTENT_TYPE, Metrics, MetricsError};
 use crate::state::ServiceState;
 
+/// Default cap on connections to the `/metrics` endpoint held at once.
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 16;
+/// Default longest life of a connection to the `/metrics` endpoint (Prometheus's default
+/// scrape timeout).
+pub const DEFAULT_METRICS_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The `GET /metrics` endpoint, bound and ready to run.
 pub struct MetricsServer {
-    listener: TcpListener,
+    listener: ScrapeListener,
+    check: TokenCheck,
 }
 
 impl MetricsServer {
-    /// Binds `addr`.
-    pub async fn bind(addr: SocketAddr) -> io::Result<Self> {
+    /// Binds `addr`; connections are held within `limits`, and with a `token` every scrape
+    /// must carry it.
+    pub async fn bind(
+        addr: SocketAddr,
+        limits: ScrapeLimits,
+        token: Option<String>,
+    ) -> io::Result<Self> {
         Ok(Self {
-            listener: TcpListener::bind(addr).await?,
+            listener: ScrapeListener::new(TcpListener::bind(addr).await?, limits),
+            check: TokenCheck::new(token),
         })
     }
 
@@ -43,7 +62,8 @@ impl MetricsServer {
     /// Answers scrapes of `state` (its [`ServiceState::metrics`] and its state figures)
     /// until the task is dropped or aborted.
     pub async fn run(self, state: Arc<ServiceState>) {
-        if let Err(err) = axum::serve(self.listener, router(Scrape::new(state))).await {
+        let router = router(Scrape::new(state, self.check));
+        if let Err(err) = axum::serve(self.listener, router).await {
             tracing::warn!(error = %err, "metrics endpoint stopped");
         }
     }
@@ -54,16 +74,18 @@ struct Scrape {
     metrics: Metrics,
     /// Holds the [`StateCollector`] only: the state is read when it is encoded.
     state: Registry,
+    check: TokenCheck,
 }
 
 impl Scrape {
-    fn new(state: Arc<ServiceState>) -> Arc<Self> {
+    fn new(state: Arc<ServiceState>, check: TokenCheck) -> Arc<Self> {
         let metrics = state.metrics().clone();
         let mut registry = Registry::default();
         registry.register_collector(Box::new(StateCollector::new(state)));
         Arc::new(Self {
             metrics,
             state: registry,
+            check,
         })
     }
 
@@ -79,10 +101,32 @@ fn router(scrape: Arc<Scrape>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(close_connection))
         .with_state(scrape)
 }
 
-async fn metrics(State(scrape): State<Arc<Scrape>>) -> Response {
+/// Every reply ends its connection: one scrape, one connection, bounded by its timeout.
+async fn close_connection(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+async fn metrics(State(scrape): State<Arc<Scrape>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = scrape.check.check(&headers) {
+        tracing::info!(cause = refused.message(), "metrics scrape refused");
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            format!(
+                "{}: this server has a token; scrape with 'Authorization: Bearer TOKEN' \
+                 (Prometheus: authorization.credentials in the scrape config)\n",
+                refused.message()
+            ),
+        )
+            .into_response();
+    }
     match scrape.text() {
         Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
         Err(err) => {
@@ -128,7 +172,11 @@ mod tests {
         let metrics = Metrics::new();
         let state = super::test_state(&metrics);
         metrics.record_do_get_bytes(7);
-        let server = MetricsServer::bind("127.0.0.1:0".parse().unwrap())
+        let limits = ScrapeLimits {
+            max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
+            timeout: DEFAULT_METRICS_TIMEOUT,
+        };
+        let server = MetricsServer::bind("127.0.0.1:0".parse().unwrap(), limits, None)
             .await
             .unwrap();
         let addr = server.local_addr().unwrap();

@@ -19,17 +19,29 @@ pub struct HttpReply {
 
 /// Sends `METHOD PATH` to `addr` on a connection of its own and reads the whole reply.
 pub async fn http_request(addr: SocketAddr, method: &str, path: &str) -> HttpReply {
+    http_request_with(addr, method, path, &[]).await
+}
+
+/// [`http_request`] with extra request headers (e.g. `authorization`).
+pub async fn http_request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> HttpReply {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
     tokio::spawn(connection);
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(path)
-        .header(hyper::header::HOST, "tessera")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
+        .header(hyper::header::HOST, "tessera");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Empty::<Bytes>::new()).unwrap();
     let response = sender.send_request(request).await.unwrap();
     let status = response.status().as_u16();
     let content_type = response

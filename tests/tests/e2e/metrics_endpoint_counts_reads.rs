@@ -4,7 +4,8 @@
 //! other server), read-ahead is off and one client connection makes every call, so each
 //! series has one right value: after `ROUNDS` do_gets of each of the `M` chunks, one
 //! chunk_locate per chunk and two plans (one refused), the call, byte, latency, cache and
-//! connection series equal what was done.
+//! connection series equal what was done. On a server with a token a scrape needs it too,
+//! and a metrics address other than loopback is refused at startup without one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use arrow_flight::FlightClient;
@@ -12,7 +13,9 @@ use arrow_flight::Ticket;
 use arrow_flight::decode::DecodedPayload;
 use futures::StreamExt;
 use tessera_e2e::*;
-use tessera_test_support::http::http_request;
+use tessera_server::config::ServeConfig;
+use tessera_server::daemon::{Daemon, DaemonError};
+use tessera_test_support::http::{http_request, http_request_with};
 
 /// Times every chunk is fetched over do_get.
 const ROUNDS: usize = 3;
@@ -181,3 +184,58 @@ async fn scrape_counts_a_known_workload_exactly(grid: Grid) {
 }
 
 on_both_grids!(scrape_counts_a_known_workload_exactly);
+
+const TOKEN: &str = "metrics-token_0123456789";
+
+#[tokio::test]
+async fn scrapes_of_a_token_server_need_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.npy");
+    write_npy(&path, "|u1", &[8, 8], &pattern(64, 1));
+    let server = TestServer::start_with(vec![path], |config| {
+        config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.token = Some(TOKEN.to_string());
+    })
+    .await;
+    let metrics = server.metrics_addr.expect("metrics endpoint bound");
+
+    let none = http_request(metrics, "GET", "/metrics").await;
+    assert_eq!(none.status, 401, "{none:?}");
+    assert!(none.body.contains("Authorization: Bearer"), "{none:?}");
+    assert!(!none.body.contains("tessera_"), "{none:?}");
+    let wrong = http_request_with(
+        metrics,
+        "GET",
+        "/metrics",
+        &[("authorization", "Bearer metrics-token_0123456780")],
+    )
+    .await;
+    assert_eq!(wrong.status, 401, "{wrong:?}");
+    let right = http_request_with(
+        metrics,
+        "GET",
+        "/metrics",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    )
+    .await;
+    assert_eq!(right.status, 200, "{right:?}");
+    assert!(right.body.contains("tessera_sources 1\n"), "{}", right.body);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn public_metrics_without_a_token_are_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServeConfig::new(
+        Vec::new(),
+        "127.0.0.1:0".parse().unwrap(),
+        dir.path().join("c"),
+    );
+    config.metrics_listen = Some("0.0.0.0:0".parse().unwrap());
+    let err = Daemon::bind(&config).await.err().expect("refused");
+    assert!(
+        matches!(err, DaemonError::MetricsExposedWithoutToken(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--token"), "{err}");
+}
