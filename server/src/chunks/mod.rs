@@ -46,6 +46,7 @@ mod single_flight;
 mod store;
 mod writes;
 
+use std::fs::File;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -460,7 +461,8 @@ impl ChunkService {
         if try_append
             && id.scale().is_none()
             && nbytes < SPLICE_BELOW_BYTES
-            && let Some(src) = source_range(tensor, id)
+            && let Ok(file) = tensor.file.file()
+            && let Some(src) = source_range(tensor, id, &file)
             && let Some(appended) = self.store.append_from_file(&key, &meta, src, &finished)
         {
             self.metrics.record_write(started.elapsed());
@@ -561,7 +563,7 @@ impl ChunkService {
 /// The chunk's bytes as one byte range of the source file, when they are one contiguous run
 /// of a C-order payload (the usual case: the grid splits the slowest axes first). `None`
 /// sends the chunk through the gathering read.
-fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
+fn source_range<'a>(tensor: &Tensor, id: &ChunkId, file: &'a File) -> Option<FileRange<'a>> {
     let header = tensor.file.header();
     if !header.is_c_layout() {
         return None;
@@ -573,7 +575,7 @@ fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
         .checked_add(elements.start.checked_mul(itemsize)?)?;
     let len = (elements.end - elements.start).checked_mul(itemsize)?;
     Some(FileRange {
-        file: tensor.file.file(),
+        file,
         offset,
         len,
     })

@@ -98,6 +98,18 @@ pub fn render(config: &ServeConfig) -> String {
         "upload_max_ttl".into(),
         Value::String(format_duration(config.upload_max_ttl)),
     );
+    top.insert(
+        "follow_links_outside".into(),
+        Value::Boolean(config.follow_links_outside),
+    );
+    top.insert(
+        "max_sources".into(),
+        Value::Integer(i64::try_from(config.max_sources).unwrap_or(i64::MAX)),
+    );
+    top.insert(
+        "max_open_sources".into(),
+        Value::Integer(i64::try_from(config.max_open_sources).unwrap_or(i64::MAX)),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;
