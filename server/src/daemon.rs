@@ -18,10 +18,10 @@ use crate::listener::{Admission, incoming};
 use crate::metrics::{Metered, Metrics};
 use crate::rois::{Annotations, RoiLimits};
 use crate::scrape::MetricsServer;
+use crate::source::ids::IdBook;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
-use crate::source::ids::IdBook;
 use crate::state_dir::{StateDir, StateDirError};
 use crate::tls::TlsIdentity;
 use crate::uploads::Uploads;
@@ -141,13 +141,14 @@ impl Daemon {
             .then(|| Watcher::new(sources.clone(), options.clone(), config.watch_interval));
         let scan_options = options.clone();
         let ids = source_ids(state_dir.as_deref());
-        let (registry, _problems) =
-            tokio::task::spawn_blocking(move || Registry::scan_with_ids(&sources, &scan_options, ids))
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "source scan failed");
-                    (Registry::default(), Vec::new())
-                });
+        let (registry, _problems) = tokio::task::spawn_blocking(move || {
+            Registry::scan_with_ids(&sources, &scan_options, ids)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "source scan failed");
+            (Registry::default(), Vec::new())
+        });
         let decoders = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(2);

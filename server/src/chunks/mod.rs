@@ -46,8 +46,8 @@ mod single_flight;
 mod store;
 mod writes;
 
-use std::fs::File;
 use std::collections::HashSet;
+use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -574,9 +574,5 @@ fn source_range<'a>(tensor: &Tensor, id: &ChunkId, file: &'a File) -> Option<Fil
         .data_offset
         .checked_add(elements.start.checked_mul(itemsize)?)?;
     let len = (elements.end - elements.start).checked_mul(itemsize)?;
-    Some(FileRange {
-        file,
-        offset,
-        len,
-    })
+    Some(FileRange { file, offset, len })
 }

@@ -89,7 +89,13 @@ mod tests {
         assert!(confine.check(&own).is_ok());
         let link = File::open(root.path().join("link")).unwrap();
         let reason = confine.check(&link).unwrap_err();
-        assert!(reason.contains("resolves outside the served folder"), "{reason}");
-        assert!(!reason.contains(&*outside.path().to_string_lossy()), "{reason}");
+        assert!(
+            reason.contains("resolves outside the served folder"),
+            "{reason}"
+        );
+        assert!(
+            !reason.contains(&*outside.path().to_string_lossy()),
+            "{reason}"
+        );
     }
 }

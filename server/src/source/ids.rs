@@ -60,16 +60,17 @@ impl IdBook {
         let mut ids: Vec<Option<String>> = candidates
             .iter()
             .map(|c| {
-                let id = self.by_path.get(&c.path).filter(|id| !taken.contains(*id))?;
+                let id = self
+                    .by_path
+                    .get(&c.path)
+                    .filter(|id| !taken.contains(*id))?;
                 taken.insert(id.clone());
                 Some(id.clone())
             })
             .collect();
         for (candidate, id) in candidates.iter().zip(ids.iter_mut()) {
             if id.is_none() {
-                *id = Some(self.assign(&candidate.base, &candidate.path, |id| {
-                    taken.contains(id)
-                }));
+                *id = Some(self.assign(&candidate.base, &candidate.path, |id| taken.contains(id)));
                 if let Some(id) = id {
                     taken.insert(id.clone());
                 }

@@ -322,7 +322,10 @@ mod tests {
     fn a_fifo_sidecar_is_passed_over_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("a.json");
-        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
         assert!(made.success());
         // Read on a thread: a blocking open of a FIFO with no writer never returns.
         let (tx, rx) = std::sync::mpsc::channel();

@@ -470,7 +470,12 @@ impl Registry {
             .collect();
         for id in unseen {
             tracing::debug!(source_id = %id, "kept: its folder could not be listed");
-            self.carry(previous, &id, previous.tensors.get(&id), previous.refused.get(&id));
+            self.carry(
+                previous,
+                &id,
+                previous.tensors.get(&id),
+                previous.refused.get(&id),
+            );
         }
     }
 
@@ -811,8 +816,7 @@ fn open_tensor(
         let c = c.clone();
         Arc::new(move |file: &std::fs::File| c.check(file)) as Placement
     });
-    let file =
-        NpyFile::open_within(path, &options.limits, place).map_err(|e| refusal(path, &e))?;
+    let file = NpyFile::open_within(path, &options.limits, place).map_err(|e| refusal(path, &e))?;
     let header = file.header();
     let plan_grid = |target: u64| {
         ChunkGrid::plan(
@@ -844,7 +848,12 @@ fn open_tensor(
             ));
         }
     };
-    let meta = meta::load(path, rank, settings.supplied.as_deref(), confine.map(|c| &**c));
+    let meta = meta::load(
+        path,
+        rank,
+        settings.supplied.as_deref(),
+        confine.map(|c| &**c),
+    );
     Ok(Tensor {
         array_id: id.to_string(),
         source_id: id.to_string(),
@@ -1079,8 +1088,14 @@ pub(crate) mod tests {
         // By default a link out of the served folder is refused as that, quoting nothing.
         let (confined, _) = Registry::scan(&specs, &options());
         let link = &confined.refused_source("link").unwrap().reason;
-        assert!(link.contains("resolves outside the served folder"), "{link}");
-        assert!(!link.contains("root:") && !link.contains("passwd"), "{link}");
+        assert!(
+            link.contains("resolves outside the served folder"),
+            "{link}"
+        );
+        assert!(
+            !link.contains("root:") && !link.contains("passwd"),
+            "{link}"
+        );
         let follow = OpenOptions {
             follow_links_outside: true,
             ..options()
@@ -1116,14 +1131,30 @@ pub(crate) mod tests {
         let specs = [SourceSpec::from(dir.path().to_path_buf())];
         let (mut current, _) = Registry::scan(&specs, &options());
         let a = current
-            .add("drop.a", Opened::open("drop.a", &inbox.path().join("a.npy"), dropped(inbox.path()), &options()))
+            .add(
+                "drop.a",
+                Opened::open(
+                    "drop.a",
+                    &inbox.path().join("a.npy"),
+                    dropped(inbox.path()),
+                    &options(),
+                ),
+            )
             .unwrap();
         let before = current.generation();
         // A rescan starts from this snapshot; meanwhile `a` is removed and `b` added.
         let snapshot = current.clone();
         assert!(current.remove(&a));
         let b = current
-            .add("drop.b", Opened::open("drop.b", &inbox.path().join("b.npy"), dropped(inbox.path()), &options()))
+            .add(
+                "drop.b",
+                Opened::open(
+                    "drop.b",
+                    &inbox.path().join("b.npy"),
+                    dropped(inbox.path()),
+                    &options(),
+                ),
+            )
             .unwrap();
         assert_ne!(current.generation(), before);
         let rescanned = snapshot.rebuild(&Discovery::run(&specs), |_| false, &options());
@@ -1148,13 +1179,37 @@ pub(crate) mod tests {
         std::fs::write(dir.path().join("bad.npy"), b"nope").unwrap();
         let mut registry = Registry::default();
         let first = registry
-            .add("x", Opened::open("x", &dir.path().join("x.npy"), dropped(dir.path()), &options()))
+            .add(
+                "x",
+                Opened::open(
+                    "x",
+                    &dir.path().join("x.npy"),
+                    dropped(dir.path()),
+                    &options(),
+                ),
+            )
             .unwrap();
         let second = registry
-            .add("x", Opened::open("x", &dir.path().join("x.npy"), dropped(dir.path()), &options()))
+            .add(
+                "x",
+                Opened::open(
+                    "x",
+                    &dir.path().join("x.npy"),
+                    dropped(dir.path()),
+                    &options(),
+                ),
+            )
             .unwrap();
         assert_eq!((first.as_str(), second.as_str()), ("x", "x-2"));
-        let refused = registry.add("bad", Opened::open("bad", &dir.path().join("bad.npy"), dropped(dir.path()), &options()));
+        let refused = registry.add(
+            "bad",
+            Opened::open(
+                "bad",
+                &dir.path().join("bad.npy"),
+                dropped(dir.path()),
+                &options(),
+            ),
+        );
         assert!(refused.unwrap_err().contains("not a .npy file"));
         assert!(registry.refused_source("bad").is_none());
     }

@@ -66,9 +66,7 @@ pub enum RuntimeError {
         source: std::io::Error,
     },
     /// The path lies outside every root, or cannot be told to lie inside one.
-    #[error(
-        "'{0}' is outside the directories sources may be added from (add_source_roots)"
-    )]
+    #[error("'{0}' is outside the directories sources may be added from (add_source_roots)")]
     OutsideRoots(String),
     /// `remove_source` of something other than a runtime root.
     #[error(
@@ -270,7 +268,9 @@ impl AddPlan {
             } else {
                 let served = sources.read().count();
                 if served >= options.max_sources {
-                    report.failed.push((self.asked.clone(), over_cap(served, &options)));
+                    report
+                        .failed
+                        .push((self.asked.clone(), over_cap(served, &options)));
                     break;
                 }
                 let base = place.id_base(file);
@@ -362,7 +362,13 @@ impl AddPlan {
             let registry = sources.read();
             registry
                 .tensors()
-                .map(|t| (t.source_id.clone(), t.origin.clone(), t.file.path().to_path_buf()))
+                .map(|t| {
+                    (
+                        t.source_id.clone(),
+                        t.origin.clone(),
+                        t.file.path().to_path_buf(),
+                    )
+                })
                 .chain(
                     registry
                         .refused()

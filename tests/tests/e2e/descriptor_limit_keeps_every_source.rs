@@ -25,7 +25,9 @@ fn limit_descriptors(pid: u32, limit: usize) {
 }
 
 fn open_descriptors(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 async fn source_count(client: &mut FlightClient) -> u64 {
@@ -55,7 +57,12 @@ async fn more_files_than_descriptors_stay_served_and_readable() {
     let pid = server.pid();
     limit_descriptors(pid, 160);
     for i in 0..FILES {
-        write_npy(&dir.path().join(format!("t{i:03}.npy")), "|u1", &[2], &contents(i));
+        write_npy(
+            &dir.path().join(format!("t{i:03}.npy")),
+            "|u1",
+            &[2],
+            &contents(i),
+        );
     }
     let mut client = server.client().await;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -78,7 +85,10 @@ async fn more_files_than_descriptors_stay_served_and_readable() {
     let problems = server.log_count("cannot be scanned");
     let waited = Instant::now() + Duration::from_secs(30);
     while server.log_count("cannot be scanned") == problems {
-        assert!(Instant::now() < waited, "no rescan failed to list the folder");
+        assert!(
+            Instant::now() < waited,
+            "no rescan failed to list the folder"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;

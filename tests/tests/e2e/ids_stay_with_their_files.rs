@@ -29,7 +29,10 @@ async fn an_id_stays_with_its_file_across_new_files_restarts_and_add_orders() {
     );
     std::fs::create_dir_all(&served).unwrap();
     write_npy(&served.join("a_b.npy"), "|u1", &[1], &[1]);
-    let roots: Vec<PathBuf> = ["x", "y"].iter().map(|r| inbox.join(r).join("data")).collect();
+    let roots: Vec<PathBuf> = ["x", "y"]
+        .iter()
+        .map(|r| inbox.join(r).join("data"))
+        .collect();
     for (i, root) in roots.iter().enumerate() {
         std::fs::create_dir_all(root).unwrap();
         write_npy(&root.join("t.npy"), "|u1", &[1], &[10 + i as u8]);
@@ -50,12 +53,20 @@ async fn an_id_stays_with_its_file_across_new_files_restarts_and_add_orders() {
     write_npy(&served.join("a b.npy"), "|u1", &[2], &[2, 2]);
     let server = start(&served, &state, &inbox).await;
     let mut client = server.client().await;
-    assert_eq!(read_all(&mut client, "a_b").await.unwrap(), [1], "a_b moved");
+    assert_eq!(
+        read_all(&mut client, "a_b").await.unwrap(),
+        [1],
+        "a_b moved"
+    );
     assert_eq!(read_all(&mut client, "a_b-2").await.unwrap(), [2, 2]);
     for root in roots.iter().rev() {
         add_source(&mut client, root).await;
     }
-    assert_eq!(read_all(&mut client, "data.t").await.unwrap(), [10], "data.t moved");
+    assert_eq!(
+        read_all(&mut client, "data.t").await.unwrap(),
+        [10],
+        "data.t moved"
+    );
     assert_eq!(read_all(&mut client, "data-2.t").await.unwrap(), [11]);
     server.stop().await;
 }

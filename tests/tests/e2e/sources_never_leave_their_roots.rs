@@ -11,8 +11,8 @@ use futures::TryStreamExt;
 use prost::Message;
 use tessera_e2e::*;
 use tessera_proto::consts::ACTION_ADD_SOURCE;
-use tessera_proto::pb::{AddSourceRequest, AddSourceResult, AddSourceStreamMessage};
 use tessera_proto::pb::add_source_stream_message::Payload;
+use tessera_proto::pb::{AddSourceRequest, AddSourceResult, AddSourceStreamMessage};
 
 /// `add_source(url)`: its final result.
 pub(crate) async fn add_source(client: &mut FlightClient, url: &Path) -> AddSourceResult {
@@ -36,7 +36,10 @@ pub(crate) async fn add_source(client: &mut FlightClient, url: &Path) -> AddSour
 }
 
 /// The bytes of a whole read of `array_id` (one chunk), or the status refusing it.
-pub(crate) async fn read_all(client: &mut FlightClient, array_id: &str) -> Result<Vec<u8>, tonic::Status> {
+pub(crate) async fn read_all(
+    client: &mut FlightClient,
+    array_id: &str,
+) -> Result<Vec<u8>, tonic::Status> {
     let info = client
         .get_flight_info(read_descriptor(array_id, None))
         .await
@@ -98,8 +101,14 @@ async fn links_retargeted_out_of_the_roots_are_refused_on_the_next_read() {
     let mut ids = added.added.clone();
     ids.sort();
     assert_eq!(ids, ["inbox.a", "inbox.link", "inbox.sub.b"], "{added:?}");
-    assert_eq!(read_all(&mut client, "inbox.link").await.unwrap(), [1, 2, 3, 4]);
-    assert_eq!(read_all(&mut client, "inbox.sub.b").await.unwrap(), [5, 6, 7, 8]);
+    assert_eq!(
+        read_all(&mut client, "inbox.link").await.unwrap(),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(
+        read_all(&mut client, "inbox.sub.b").await.unwrap(),
+        [5, 6, 7, 8]
+    );
     assert_eq!(read_all(&mut client, "door").await.unwrap(), [3, 3, 3, 3]);
 
     // The link now leads out of the root: refused, not served.
@@ -118,6 +127,9 @@ async fn links_retargeted_out_of_the_roots_are_refused_on_the_next_read() {
     assert_refused_outside(&mut client, "door", &private).await;
 
     // What stays inside still serves.
-    assert_eq!(read_all(&mut client, "inbox.a").await.unwrap(), [1, 2, 3, 4]);
+    assert_eq!(
+        read_all(&mut client, "inbox.a").await.unwrap(),
+        [1, 2, 3, 4]
+    );
     assert_eq!(read_all(&mut client, "own").await.unwrap(), [3, 3, 3, 3]);
 }

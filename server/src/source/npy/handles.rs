@@ -96,7 +96,10 @@ mod tests {
             slot.used.store(tick(), Ordering::Relaxed);
             open.push(Arc::downgrade(slot));
         }
-        assert!(slots[0].get().is_some(), "slot 0 is now the most recently used");
+        assert!(
+            slots[0].get().is_some(),
+            "slot 0 is now the most recently used"
+        );
         close_least_used(&mut open, 2);
         assert!(slots[1].get().is_none(), "slot 1 was used least recently");
         assert!(slots[0].get().is_some() && slots[2].get().is_some());
