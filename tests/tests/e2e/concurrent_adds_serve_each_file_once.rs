@@ -7,6 +7,7 @@ use std::path::Path;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
+use arrow_flight::FlightClient;
 use arrow_flight::Ticket;
 use futures::TryStreamExt;
 use tessera_e2e::*;
@@ -73,12 +74,12 @@ async fn concurrent_adds_serve_each_file_once_under_one_url() {
     .await;
     let mut client = server.client().await;
 
-    let added = add_at_once(&server, &[&data; 6]).await;
+    let added = add_at_once(&server, &[data.as_path(); 6]).await;
     assert_eq!(added, 600, "each file is added by one call");
     assert_eq!(runtime_rows(&mut client).await, (600, 600));
 
     let (x, y) = (inbox.path().join("x/data"), inbox.path().join("y/data"));
-    let added = add_at_once(&server, &[&x, &y]).await;
+    let added = add_at_once(&server, &[x.as_path(), y.as_path()]).await;
     assert_eq!(added, 300);
     assert_eq!(
         runtime_rows(&mut client).await,

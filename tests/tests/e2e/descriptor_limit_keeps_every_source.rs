@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use arrow_flight::FlightClient;
 use tessera_e2e::process::ServerProcess;
 use tessera_e2e::*;
 

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use arrow_flight::Action;
+use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use prost::Message;
 use tessera_e2e::*;
