@@ -117,9 +117,10 @@ impl Sources {
                         return Err(ServiceError::UnknownSource(array_id.to_string()));
                     };
                     let refused = refused.clone();
-                    let changed =
-                        identity_at(&refused.path) != registry.refused_identity(source_id);
+                    let held = registry.refused_identity(source_id);
+                    // No file I/O under the lock: a stat can hang on a broken mount.
                     drop(registry);
+                    let changed = identity_at(&refused.path) != held;
                     self.retry_refused(refused, changed)?
                 }
             }
