@@ -30,6 +30,8 @@ pub struct IdBook {
     by_id: HashMap<String, PathBuf>,
     /// Where new ids are appended, when the book is kept on disk.
     file: Option<PathBuf>,
+    /// Ids given since the last [`IdBook::flush`], not yet on disk.
+    pending: Vec<Given>,
 }
 
 impl IdBook {
@@ -94,7 +96,10 @@ impl IdBook {
         }
         if !self.by_path.contains_key(path) {
             self.note(id.clone(), path.to_path_buf());
-            self.persist(&id, path);
+            self.pending.push(Given {
+                id: id.clone(),
+                path: path.to_path_buf(),
+            });
         }
         id
     }
@@ -104,28 +109,31 @@ impl IdBook {
         self.by_path.insert(path, id);
     }
 
-    /// Appends a new id to the book's file; a failure is logged (the id holds until the
+    /// Appends the ids given since the last flush to the book's file (called with no
+    /// registry lock held: it is file I/O); a failure is logged (those ids hold until the
     /// process ends).
-    fn persist(&self, id: &str, path: &Path) {
+    pub fn flush(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
         let Some(file) = &self.file else {
             return;
         };
-        let line = Given {
-            id: id.to_string(),
-            path: path.to_path_buf(),
-        };
-        let written = serde_json::to_string(&line)
-            .map_err(std::io::Error::other)
-            .and_then(|mut text| {
+        if pending.is_empty() {
+            return;
+        }
+        let mut text = String::new();
+        for given in &pending {
+            if let Ok(line) = serde_json::to_string(given) {
+                text.push_str(&line);
                 text.push('\n');
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(file)?
-                    .write_all(text.as_bytes())
-            });
+            }
+        }
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
         if let Err(err) = written {
-            tracing::warn!(file = %file.display(), %id, error = %err, "source id not recorded; it holds until the server stops");
+            tracing::warn!(file = %file.display(), ids = pending.len(), error = %err, "source ids not recorded; they hold until the server stops");
         }
     }
 }
@@ -142,6 +150,7 @@ mod tests {
         let mut book = IdBook::load(&file).unwrap();
         let never = |_: &str| false;
         assert_eq!(book.assign("a_b", Path::new("/d/a_b.npy"), never), "a_b");
+        book.flush();
         let mut book = IdBook::load(&file).unwrap();
         assert_eq!(book.assign("a_b", Path::new("/d/a b.npy"), never), "a_b-2");
         assert_eq!(book.assign("a_b", Path::new("/d/a_b.npy"), never), "a_b");

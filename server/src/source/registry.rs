@@ -432,6 +432,7 @@ impl Registry {
             );
         }
         next.keep_unseen(self, found);
+        self.ids.lock().flush();
         // Sources added at runtime are not on the configured paths: a rescan keeps them,
         // unless a configured file took the id meanwhile.
         for (id, origin) in &self.origins {
@@ -477,6 +478,12 @@ impl Registry {
                 previous.refused.get(&id),
             );
         }
+    }
+
+    /// The ids given, shared by the registries rebuilt from this one; flush it
+    /// ([`IdBook::flush`]) with no registry lock held.
+    pub fn ids(&self) -> Arc<Mutex<IdBook>> {
+        self.ids.clone()
     }
 
     /// How many sources are served or refused.

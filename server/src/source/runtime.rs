@@ -233,6 +233,8 @@ impl AddPlan {
             ..Default::default()
         };
         let known = Known::of(&sources.read());
+        // Ids given are written down after the loop, with no registry lock held.
+        let ids = sources.read().ids();
         let mut count = 0usize;
         for file in &files {
             let resolved = match std::fs::canonicalize(file) {
@@ -286,9 +288,11 @@ impl AddPlan {
             count += 1;
             if !progress(count, file) {
                 tracing::info!(path = %self.asked, count, "add_source cancelled by the client");
+                ids.lock().flush();
                 return report;
             }
         }
+        ids.lock().flush();
         report.removed = self.remove_gone(sources);
         tracing::info!(
             path = %self.asked,
