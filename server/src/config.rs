@@ -40,7 +40,9 @@
 //! ```
 //!
 //! Runtime sources (`add_source`): `add_source_roots = ["/data/inbox"]` (none by default:
-//! refused) and `add_source_max_files = 10000`.
+//! refused) and `add_source_max_files = 10000`. `max_sources = 100000` caps what is served
+//! at once, `max_open_sources = 512` the descriptors they hold; `follow_links_outside = false` refuses configured files whose path leads out of
+//! their configured folder.
 //!
 //! Writes: `writable = true` accepts uploads; `state_dir = "/var/lib/tessera"` holds what
 //! users write (uploads, annotations), never evicted; `upload_max_ttl = "168h"` caps the
@@ -72,7 +74,8 @@ use crate::pins::PinLimits;
 use crate::route::LoopbackPlans;
 use crate::scrape::{DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_TIMEOUT, ScrapeLimits};
 use crate::source::meta::{Supplied, Units};
-use crate::source::registry::{SourceOptions, SourceSpec, sanitize};
+use crate::source::npy::handles::DEFAULT_MAX_OPEN;
+use crate::source::registry::{DEFAULT_MAX_SOURCES, SourceOptions, SourceSpec, sanitize};
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
 use crate::uploads::{MAX_IN_FLIGHT_LIMIT, UploadLimits};
 use crate::watch::DEFAULT_WATCH_INTERVAL;
@@ -263,6 +266,12 @@ pub struct ConfigFile {
     pub metrics_max_connections: Option<usize>,
     /// Longest life of a `/metrics` connection, as a duration string.
     pub metrics_timeout: Option<String>,
+    /// Serve configured files whose path leads out of their configured folder.
+    pub follow_links_outside: Option<bool>,
+    /// Most sources served at once (configured and runtime, served and refused).
+    pub max_sources: Option<usize>,
+    /// Most descriptors of sources held open at once.
+    pub max_open_sources: Option<usize>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -460,6 +469,17 @@ pub struct ServeArgs {
     /// finished or not [default: 10s].
     #[arg(long, env = "TESSERA_METRICS_TIMEOUT", value_name = "DURATION")]
     pub metrics_timeout: Option<String>,
+    /// Serve configured files whose path leads out of their configured folder (a symbolic
+    /// link, or a directory replaced by one) [default: false: refused].
+    #[arg(long, env = "TESSERA_FOLLOW_LINKS_OUTSIDE", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub follow_links_outside: Option<bool>,
+    /// Most sources served at once, configured and added at runtime [default: 100000].
+    #[arg(long, env = "TESSERA_MAX_SOURCES", value_name = "N")]
+    pub max_sources: Option<usize>,
+    /// Most descriptors of sources held open at once; the least recently used are closed
+    /// and opened again on demand [default: 512].
+    #[arg(long, env = "TESSERA_MAX_OPEN_SOURCES", value_name = "N")]
+    pub max_open_sources: Option<usize>,
 }
 
 /// The effective configuration of a server.
@@ -534,6 +554,12 @@ pub struct ServeConfig {
     pub reclaim_idle_after: Duration,
     /// Bounds of the `/metrics` endpoint's connections.
     pub metrics_limits: ScrapeLimits,
+    /// Serve configured files whose path leads out of their configured folder.
+    pub follow_links_outside: bool,
+    /// Most sources served at once (`max_sources`).
+    pub max_sources: usize,
+    /// Most descriptors of sources held open at once (`max_open_sources`).
+    pub max_open_sources: usize,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -585,6 +611,9 @@ impl ServeConfig {
                 max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
                 timeout: DEFAULT_METRICS_TIMEOUT,
             },
+            follow_links_outside: false,
+            max_sources: DEFAULT_MAX_SOURCES,
+            max_open_sources: DEFAULT_MAX_OPEN,
         }
     }
 
@@ -791,6 +820,25 @@ impl ServeConfig {
                 .or(file.add_source_max_files)
                 .unwrap_or(DEFAULT_MAX_FILES),
         };
+        let max_sources = args
+            .max_sources
+            .or(file.max_sources)
+            .unwrap_or(DEFAULT_MAX_SOURCES);
+        if max_sources == 0 {
+            return Err(ConfigError::Invalid(
+                "max_sources 0 would serve nothing; use at least 1".to_string(),
+            ));
+        }
+        let max_open_sources = args
+            .max_open_sources
+            .or(file.max_open_sources)
+            .unwrap_or(DEFAULT_MAX_OPEN);
+        if max_open_sources == 0 {
+            return Err(ConfigError::Invalid(
+                "max_open_sources 0 would leave no descriptor to read a source with; use at least 1"
+                    .to_string(),
+            ));
+        }
         let cache_max_bytes = match args.cache_max_bytes.or(cache_file.max_bytes) {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
@@ -840,6 +888,12 @@ impl ServeConfig {
             max_connections_per_peer,
             reclaim_idle_after,
             metrics_limits,
+            follow_links_outside: args
+                .follow_links_outside
+                .or(file.follow_links_outside)
+                .unwrap_or(false),
+            max_sources,
+            max_open_sources,
         })
     }
 }
@@ -1253,6 +1307,16 @@ mod tests {
         .unwrap();
         assert_eq!(config.runtime.roots, [PathBuf::from("/data/inbox")]);
         assert_eq!(config.runtime.max_files, 7);
+        assert!(!config.follow_links_outside);
+        assert_eq!(config.max_sources, DEFAULT_MAX_SOURCES);
+        let config = resolve_file(
+            "follow_links_outside = true\nmax_sources = 9\nmax_open_sources = 3\n",
+            ServeArgs::default(),
+        )
+        .unwrap();
+        assert!(config.follow_links_outside);
+        assert_eq!(config.max_sources, 9);
+        assert_eq!(config.max_open_sources, 3);
         let supplied = config.sources()[0].options.supplied.clone().unwrap();
         assert_eq!(supplied.physical_scale, Some(vec![0.5, 0.1]));
         assert_eq!(supplied.metadata.as_ref().unwrap()["objective"], "60x");

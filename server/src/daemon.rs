@@ -18,6 +18,7 @@ use crate::listener::{Admission, CountCalls, incoming};
 use crate::metrics::{Metered, Metrics};
 use crate::rois::{Annotations, RoiLimits};
 use crate::scrape::MetricsServer;
+use crate::source::ids::IdBook;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
@@ -142,19 +143,24 @@ impl Daemon {
             limits: Limits::default(),
             target_chunk_bytes: config.chunk_target,
             mapped_chunk_bytes: config.mapped_chunk_target,
+            follow_links_outside: config.follow_links_outside,
+            max_sources: config.max_sources,
         };
+        crate::source::npy::handles::set_max_open(config.max_open_sources);
         let sources = config.sources();
         let watcher = config
             .watch
             .then(|| Watcher::new(sources.clone(), options.clone(), config.watch_interval));
         let scan_options = options.clone();
-        let (registry, _problems) =
-            tokio::task::spawn_blocking(move || Registry::scan(&sources, &scan_options))
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "source scan failed");
-                    (Registry::default(), Vec::new())
-                });
+        let ids = source_ids(state_dir.as_deref());
+        let (registry, _problems) = tokio::task::spawn_blocking(move || {
+            Registry::scan_with_ids(&sources, &scan_options, ids)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "source scan failed");
+            (Registry::default(), Vec::new())
+        });
         let decoders = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(2);
@@ -356,6 +362,24 @@ fn open_state_dir(
             tracing::warn!(error = %err, "serving without a state directory");
             Ok(None)
         }
+    }
+}
+
+/// The ids given to sources, kept in the state directory's `sources` part so a file keeps
+/// its id across restarts; in memory only without one.
+fn source_ids(state_dir: Option<&StateDir>) -> IdBook {
+    let loaded = state_dir.map(|dir| {
+        dir.part("sources")
+            .map_err(|e| e.to_string())
+            .and_then(|part| IdBook::load(&part.join("ids")).map_err(|e| e.to_string()))
+    });
+    match loaded {
+        Some(Ok(book)) => book,
+        Some(Err(why)) => {
+            tracing::warn!(error = %why, "source ids are kept in memory only: they hold until the server stops");
+            IdBook::default()
+        }
+        None => IdBook::default(),
     }
 }
 

@@ -109,10 +109,12 @@ impl Watcher {
             .any(|(path, id)| !unsettled.contains(path) && held.get(path) != Some(id));
         // Every path the registry knows, including refused files with no identity (one
         // that vanished under a request was refused then, with nothing to identify it by).
-        let removed = held.keys().any(|path| !now.contains_key(path))
+        // A folder that could not be listed hides nothing that was removed.
+        let gone = |path: &Path| !now.contains_key(path) && !found.unseen(path);
+        let removed = held.keys().any(|path| gone(path))
             || registry
                 .refused()
-                .any(|r| !r.origin.is_dropped() && !now.contains_key(&r.path));
+                .any(|r| !r.origin.is_dropped() && gone(&r.path));
         self.previous = now;
         if !(settled_changed || removed) {
             return None;

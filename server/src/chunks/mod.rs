@@ -47,6 +47,7 @@ mod store;
 mod writes;
 
 use std::collections::HashSet;
+use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -460,7 +461,8 @@ impl ChunkService {
         if try_append
             && id.scale().is_none()
             && nbytes < SPLICE_BELOW_BYTES
-            && let Some(src) = source_range(tensor, id)
+            && let Ok(file) = tensor.file.file()
+            && let Some(src) = source_range(tensor, id, &file)
             && let Some(appended) = self.store.append_from_file(&key, &meta, src, &finished)
         {
             self.metrics.record_write(started.elapsed());
@@ -561,7 +563,7 @@ impl ChunkService {
 /// The chunk's bytes as one byte range of the source file, when they are one contiguous run
 /// of a C-order payload (the usual case: the grid splits the slowest axes first). `None`
 /// sends the chunk through the gathering read.
-fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
+fn source_range<'a>(tensor: &Tensor, id: &ChunkId, file: &'a File) -> Option<FileRange<'a>> {
     let header = tensor.file.header();
     if !header.is_c_layout() {
         return None;
@@ -572,9 +574,5 @@ fn source_range<'a>(tensor: &'a Tensor, id: &ChunkId) -> Option<FileRange<'a>> {
         .data_offset
         .checked_add(elements.start.checked_mul(itemsize)?)?;
     let len = (elements.end - elements.start).checked_mul(itemsize)?;
-    Some(FileRange {
-        file: tensor.file.file(),
-        offset,
-        len,
-    })
+    Some(FileRange { file, offset, len })
 }

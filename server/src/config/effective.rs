@@ -138,6 +138,18 @@ pub fn render(config: &ServeConfig) -> String {
             Value::Integer(i64::try_from(value).unwrap_or(i64::MAX)),
         );
     }
+    top.insert(
+        "follow_links_outside".into(),
+        Value::Boolean(config.follow_links_outside),
+    );
+    top.insert(
+        "max_sources".into(),
+        Value::Integer(i64::try_from(config.max_sources).unwrap_or(i64::MAX)),
+    );
+    top.insert(
+        "max_open_sources".into(),
+        Value::Integer(i64::try_from(config.max_open_sources).unwrap_or(i64::MAX)),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;

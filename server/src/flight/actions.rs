@@ -210,8 +210,7 @@ fn add_source(
             request.source_type
         )));
     }
-    let plan = runtime::plan_add(state.sources(), state.runtime_roots(), &request.url)
-        .map_err(runtime_refusal)?;
+    let plan = runtime::plan_add(state.runtime_roots(), &request.url).map_err(runtime_refusal)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<arrow_flight::Result>(PROGRESS_QUEUE);
     let worker_state = state.clone();
     tokio::task::spawn_blocking(move || {

@@ -25,6 +25,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use std::os::unix::fs::OpenOptionsExt;
+
+use crate::source::confine::Confine;
 use crate::source::npy::FileIdentity;
 
 /// Largest sidecar read, in bytes.
@@ -204,10 +207,39 @@ pub fn sidecar_path(npy: &Path) -> PathBuf {
     npy.with_extension("json")
 }
 
-/// Reads and parses the sidecar at `path`, bounded in size.
-fn read_sidecar(path: &Path) -> Result<Supplied, String> {
+/// Reads and parses the sidecar at `path`, bounded in size; `None` when there is none (no
+/// regular file there). Opened without blocking (a FIFO swapped in answers at once) and
+/// judged on the opened descriptor: a regular file, where `confine` allows.
+fn read_sidecar(
+    path: &Path,
+    confine: Option<&Confine>,
+) -> Option<(FileIdentity, Result<Supplied, String>)> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(err) => {
+            let identity = FileIdentity::of(&std::fs::metadata(path).ok()?);
+            return Some((identity, Err(format!("cannot be read: {err}"))));
+        }
+    };
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let identity = FileIdentity::of(&meta);
+    let parsed = confine
+        .map_or(Ok(()), |c| c.check(&file))
+        .and_then(|()| parse_sidecar(file));
+    Some((identity, parsed))
+}
+
+/// Parses an opened sidecar, bounded in size.
+fn parse_sidecar(file: std::fs::File) -> Result<Supplied, String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
     let mut text = Vec::new();
     file.take(MAX_SIDECAR_BYTES + 1)
         .read_to_end(&mut text)
@@ -227,24 +259,27 @@ pub fn sidecar_identity(npy: &Path) -> Option<FileIdentity> {
     meta.is_file().then(|| FileIdentity::of(&meta))
 }
 
-/// The metadata of the `rank`-axis tensor at `npy`: `configured` overlaid with its sidecar.
-pub fn load(npy: &Path, rank: usize, configured: Option<&Supplied>) -> SourceMeta {
+/// The metadata of the `rank`-axis tensor at `npy`: `configured` overlaid with its sidecar,
+/// which must lie where `confine` allows.
+pub fn load(
+    npy: &Path,
+    rank: usize,
+    configured: Option<&Supplied>,
+    confine: Option<&Confine>,
+) -> SourceMeta {
     let base = configured.cloned().unwrap_or_default();
-    let sidecar = sidecar_identity(npy);
+    let path = sidecar_path(npy);
+    let read = read_sidecar(&path, confine);
+    let sidecar = read.as_ref().map(|(identity, _)| *identity);
     let mut error = None;
-    let supplied = match sidecar {
+    let supplied = match read {
         None => base,
-        Some(_) => {
-            let path = sidecar_path(npy);
-            match read_sidecar(&path) {
-                Ok(own) => base.overlaid(&own),
-                Err(why) => {
-                    let why = format!("sidecar {} {why}", path.display());
-                    tracing::warn!(npy = %npy.display(), reason = %why, "metadata sidecar refused");
-                    error = Some(why);
-                    base
-                }
-            }
+        Some((_, Ok(own))) => base.overlaid(&own),
+        Some((_, Err(why))) => {
+            let why = format!("sidecar {} {why}", path.display());
+            tracing::warn!(npy = %npy.display(), reason = %why, "metadata sidecar refused");
+            error = Some(why);
+            base
         }
     };
     let (physical_scale, physical_unit) = match physical(&supplied, rank) {
@@ -284,6 +319,32 @@ mod tests {
     }
 
     #[test]
+    fn a_fifo_sidecar_is_passed_over_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("a.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Read on a thread: a blocking open of a FIFO with no writer never returns.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(read_sidecar(&path, None).map(|(_, parsed)| parsed));
+        });
+        let read = rx.recv_timeout(std::time::Duration::from_secs(10));
+        if read.is_err() {
+            // Let the blocked open return, so the thread ends.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        assert!(
+            matches!(read, Ok(None)),
+            "a FIFO is no sidecar, and is not waited for: {read:?}"
+        );
+    }
+
+    #[test]
     fn sidecars_overlay_the_configuration() {
         let dir = tempfile::tempdir().unwrap();
         let npy = dir.path().join("a.npy");
@@ -292,7 +353,7 @@ mod tests {
             physical_unit: Some(Units::One("um".into())),
             metadata: Some(serde_json::from_str(r#"{"lab": "x", "stain": "dapi"}"#).unwrap()),
         };
-        let meta = load(&npy, 2, Some(&configured));
+        let meta = load(&npy, 2, Some(&configured), None);
         assert_eq!(meta.physical_unit, [MICRON, MICRON]);
         assert!(meta.error.is_none());
 
@@ -301,7 +362,7 @@ mod tests {
             r#"{"physical_scale": [0, 100], "physical_unit": ["", "nm"], "metadata": {"stain": "gfp"}}"#,
         )
         .unwrap();
-        let meta = load(&npy, 2, Some(&configured));
+        let meta = load(&npy, 2, Some(&configured), None);
         assert_eq!(meta.physical_scale, [0.0, 0.1]);
         assert_eq!(meta.physical_unit, ["", MICRON]);
         assert_eq!(meta.metadata["stain"], "gfp");
@@ -323,7 +384,7 @@ mod tests {
             r#"{"metadata": {"dtype": "mine"}}"#,
         ] {
             std::fs::write(dir.path().join("b.json"), text).unwrap();
-            let meta = load(&npy, 1, Some(&configured));
+            let meta = load(&npy, 1, Some(&configured), None);
             let error = meta.error.unwrap();
             assert!(error.contains("b.json"), "{error}");
             assert_eq!(meta.physical_scale, [2.0], "{text}");
@@ -337,7 +398,7 @@ mod tests {
             physical_scale: Some(vec![1.0, 2.0, 3.0]),
             ..Default::default()
         };
-        let meta = load(&dir.path().join("c.npy"), 2, Some(&supplied));
+        let meta = load(&dir.path().join("c.npy"), 2, Some(&supplied), None);
         assert!(meta.physical_scale.is_empty());
         assert!(meta.error.unwrap().contains("3 values"));
     }

@@ -1,5 +1,7 @@
 //! Sources: the files Tessera serves ([`npy`]), the registry of them ([`registry`]), its
 //! lifecycle ([`sources`]) and the state of full scans ([`scan`]); the watcher rescans them.
+pub mod confine;
+pub mod ids;
 pub mod meta;
 pub mod npy;
 pub mod origin;

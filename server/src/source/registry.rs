@@ -25,10 +25,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use parking_lot::Mutex;
+
 use crate::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, Region, default_dim_labels};
+use crate::source::confine::Confine;
+use crate::source::ids::IdBook;
 use crate::source::meta::{self, SourceMeta, Supplied};
-use crate::source::npy::{FileIdentity, Limits, NpyError, NpyFile};
+use crate::source::npy::{FileIdentity, Limits, NpyError, NpyFile, Placement};
 use crate::source::origin::Origin;
 
 /// Source of registry generations: every registry whose set of sources may differ from
@@ -181,11 +185,16 @@ pub struct Registry {
     supplied: BTreeMap<String, Arc<Supplied>>,
     /// Origins other than [`Origin::Configured`] by id, so a reopen keeps them.
     origins: BTreeMap<String, Origin>,
+    /// Where each source's file may really be, so a reopen is judged again.
+    confines: BTreeMap<String, Arc<Confine>>,
     /// Changes whenever the set of sources (ids and paths) may have changed.
     generation: u64,
     /// Identity of each refused file when it was refused: a rebuild retries it
     /// only once this changes.
     refused_identities: BTreeMap<String, FileIdentity>,
+    /// Every id given, by path, shared by the registries rebuilt from this one: an id stays
+    /// with its file and is never given to another.
+    ids: Arc<Mutex<IdBook>>,
 }
 
 impl Default for Registry {
@@ -196,8 +205,10 @@ impl Default for Registry {
             label_overrides: BTreeMap::new(),
             supplied: BTreeMap::new(),
             origins: BTreeMap::new(),
+            confines: BTreeMap::new(),
             refused_identities: BTreeMap::new(),
             generation: next_generation(),
+            ids: Arc::default(),
         }
     }
 }
@@ -242,7 +253,17 @@ pub struct OpenOptions {
     /// Target chunk size of the grid for mapped reads; at most the target above has no
     /// effect (both plans use the same grid).
     pub mapped_chunk_bytes: u64,
+    /// Serve configured files whose path leads out of their configured folder (a symbolic
+    /// link, or a directory replaced by one); runtime sources never leave
+    /// `add_source_roots` whatever this says.
+    pub follow_links_outside: bool,
+    /// Most sources served at once, served and refused, configured and runtime together
+    /// (`max_sources`): files found beyond it are not opened, and `add_source` stops there.
+    pub max_sources: usize,
 }
+
+/// Default of [`OpenOptions::max_sources`].
+pub const DEFAULT_MAX_SOURCES: usize = 100_000;
 
 impl OpenOptions {
     /// Default limits, chunks cut at `target_chunk_bytes` for every route.
@@ -251,20 +272,23 @@ impl OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes,
             mapped_chunk_bytes: target_chunk_bytes,
+            follow_links_outside: false,
+            max_sources: DEFAULT_MAX_SOURCES,
         }
     }
 }
 
-/// A candidate file with the id it should get.
+/// A candidate file with the id it derives.
 #[derive(Debug)]
-struct Candidate {
+pub(crate) struct Candidate {
     /// The id before collision suffixes.
-    base: String,
-    /// The unique id.
-    id: String,
-    path: PathBuf,
+    pub(crate) base: String,
+    /// Where it is.
+    pub(crate) path: PathBuf,
     dim_labels: Option<Vec<String>>,
     supplied: Option<Arc<Supplied>>,
+    /// The configured folder it was found in.
+    confine: Option<Arc<Confine>>,
 }
 
 /// The `.npy` files found under the configured paths, with the ids they get.
@@ -273,6 +297,9 @@ pub struct Discovery {
     candidates: Vec<Candidate>,
     /// Configured paths or subdirectories that could not be listed, with the cause.
     pub problems: Vec<String>,
+    /// Folders that exist but could not be listed (out of descriptors, no permission, an
+    /// I/O error): what is served under them is kept, not removed, since it was not seen.
+    unseen: Vec<PathBuf>,
 }
 
 impl Discovery {
@@ -282,23 +309,33 @@ impl Discovery {
         let mut found = Discovery::default();
         let mut raw = Vec::new();
         for spec in sources {
-            if let Err(err) = collect(spec, &mut raw, &mut found.problems) {
+            if let Err(err) = collect(spec, &mut raw, &mut found) {
                 found
                     .problems
                     .push(format!("{}: cannot be scanned: {err}", spec.path.display()));
+                found.not_seen(&spec.path, &err);
             }
         }
-        let mut taken: HashMap<String, u32> = HashMap::new();
-        for mut candidate in raw {
-            candidate.id = unique_id(&candidate.base, &mut taken);
-            found.candidates.push(candidate);
-        }
+        found.candidates = raw;
         found
     }
 
-    /// The files found, in id order of assignment.
+    /// The files found, in sorted order.
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
         self.candidates.iter().map(|c| c.path.as_path())
+    }
+
+    /// Whether `path` lies in a folder that could not be listed: its absence means nothing.
+    pub fn unseen(&self, path: &Path) -> bool {
+        self.unseen.iter().any(|folder| path.starts_with(folder))
+    }
+
+    /// Notes that `folder` could not be listed for `err`; a folder that is gone was seen
+    /// (empty), anything else was not.
+    fn not_seen(&mut self, folder: &Path, err: &std::io::Error) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            self.unseen.push(absolute(folder));
+        }
     }
 }
 
@@ -308,11 +345,24 @@ impl Registry {
     /// Paths that do not exist or cannot be listed are returned as errors in the
     /// second element and logged; they never prevent the others from serving.
     pub fn scan(sources: &[SourceSpec], options: &OpenOptions) -> (Registry, Vec<String>) {
+        Self::scan_with_ids(sources, options, IdBook::default())
+    }
+
+    /// [`Registry::scan`], keeping the ids `ids` gave before (and giving new ones from it).
+    pub fn scan_with_ids(
+        sources: &[SourceSpec],
+        options: &OpenOptions,
+        ids: IdBook,
+    ) -> (Registry, Vec<String>) {
         let found = Discovery::run(sources);
         for problem in &found.problems {
             tracing::warn!("{problem}");
         }
-        let registry = Registry::default().rebuild(&found, |_| false, options);
+        let empty = Registry {
+            ids: Arc::new(Mutex::new(ids)),
+            ..Registry::default()
+        };
+        let registry = empty.rebuild(&found, |_| false, options);
         (registry, found.problems)
     }
 
@@ -327,9 +377,17 @@ impl Registry {
         unsettled: impl Fn(&Path) -> bool,
         options: &OpenOptions,
     ) -> Registry {
-        let mut next = Registry::default();
-        for candidate in &found.candidates {
-            let id = &candidate.id;
+        let mut next = Registry {
+            ids: self.ids.clone(),
+            ..Registry::default()
+        };
+        let given = self.ids.lock().assign_all(&found.candidates);
+        let mut over_cap = 0usize;
+        for (candidate, id) in found.candidates.iter().zip(&given) {
+            if next.tensors.len() + next.refused.len() >= options.max_sources {
+                over_cap += 1;
+                continue;
+            }
             let same_path = |p: &Path| p == candidate.path;
             let tensor = self.tensors.get(id).filter(|t| same_path(t.file.path()));
             let refused = self.refused.get(id).filter(|r| same_path(&r.path));
@@ -350,7 +408,7 @@ impl Registry {
                 next.carry(self, id, tensor, refused);
                 continue;
             }
-            if candidate.id != candidate.base {
+            if *id != candidate.base {
                 tracing::warn!(path = %candidate.path.display(), base = %candidate.base, %id, "source id collision resolved");
             }
             next.open_one(
@@ -360,10 +418,21 @@ impl Registry {
                     labels: candidate.dim_labels.clone(),
                     supplied: candidate.supplied.clone(),
                     origin: Origin::Configured,
+                    confine: candidate.confine.clone(),
                 },
                 options,
             );
         }
+        if over_cap > 0 {
+            tracing::warn!(
+                files = over_cap,
+                max_sources = options.max_sources,
+                "files not served: the server serves at most max_sources sources; raise it \
+                 (--max-sources, TESSERA_MAX_SOURCES, max_sources) to serve them"
+            );
+        }
+        next.keep_unseen(self, found);
+        self.ids.lock().flush();
         // Sources added at runtime are not on the configured paths: a rescan keeps them,
         // unless a configured file took the id meanwhile.
         for (id, origin) in &self.origins {
@@ -380,6 +449,46 @@ impl Registry {
             }
         }
         next
+    }
+
+    /// Carries the configured sources of `previous` that lie in folders `found` could not
+    /// list (and whose ids nothing else took): not seen is not gone.
+    fn keep_unseen(&mut self, previous: &Registry, found: &Discovery) {
+        let unseen: Vec<String> = previous
+            .tensors
+            .values()
+            .map(|t| (t.source_id.as_str(), t.file.path()))
+            .chain(
+                previous
+                    .refused
+                    .values()
+                    .map(|r| (r.source_id.as_str(), r.path.as_path())),
+            )
+            .filter(|(id, path)| {
+                !previous.origins.contains_key(*id) && !self.knows(id) && found.unseen(path)
+            })
+            .map(|(id, _)| id.to_string())
+            .collect();
+        for id in unseen {
+            tracing::debug!(source_id = %id, "kept: its folder could not be listed");
+            self.carry(
+                previous,
+                &id,
+                previous.tensors.get(&id),
+                previous.refused.get(&id),
+            );
+        }
+    }
+
+    /// The ids given, shared by the registries rebuilt from this one; flush it
+    /// ([`IdBook::flush`]) with no registry lock held.
+    pub fn ids(&self) -> Arc<Mutex<IdBook>> {
+        self.ids.clone()
+    }
+
+    /// How many sources are served or refused.
+    pub fn count(&self) -> usize {
+        self.tensors.len() + self.refused.len()
     }
 
     /// The generation of this registry's set of sources: equal generations hold the same
@@ -415,25 +524,43 @@ impl Registry {
         if let Some(origin) = previous.origins.get(id) {
             self.origins.insert(id.to_string(), origin.clone());
         }
+        if let Some(confine) = previous.confines.get(id) {
+            self.confines.insert(id.to_string(), confine.clone());
+        }
     }
 
     /// The settings `id` was opened with.
-    fn settings_of(&self, id: &str) -> Settings {
+    pub fn settings_of(&self, id: &str) -> Settings {
         Settings {
             labels: self.label_overrides.get(id).cloned(),
             supplied: self.supplied.get(id).cloned(),
             origin: self.origins.get(id).cloned().unwrap_or_default(),
+            confine: self.confines.get(id).cloned(),
         }
     }
 
     fn open_one(&mut self, id: String, path: PathBuf, settings: Settings, options: &OpenOptions) {
-        let result = open_tensor(&id, &path, &settings, options);
+        self.install(Opened::open(&id, &path, settings, options));
+    }
+
+    /// Puts what [`Opened::open`] made in place under its id: served, or refused with why.
+    fn install(&mut self, opened: Opened) {
+        let Opened {
+            id,
+            path,
+            settings,
+            result,
+            identity,
+        } = opened;
         let origin = settings.origin.clone();
         if let Some(labels) = settings.labels {
             self.label_overrides.insert(id.clone(), labels);
         }
         if let Some(supplied) = settings.supplied {
             self.supplied.insert(id.clone(), supplied);
+        }
+        if let Some(confine) = settings.confine {
+            self.confines.insert(id.clone(), confine);
         }
         if origin.is_dropped() {
             self.origins.insert(id.clone(), origin.clone());
@@ -452,7 +579,7 @@ impl Registry {
             }
             Err(reason) => {
                 tracing::warn!(source_id = %id, path = %path.display(), %reason, "source refused");
-                if let Some(identity) = identity_at(&path) {
+                if let Some(identity) = identity {
                     self.refused_identities.insert(id.clone(), identity);
                 }
                 self.refused.insert(
@@ -472,14 +599,31 @@ impl Registry {
     /// Opens `path` again under `id`, replacing what was served (or refused) there;
     /// configured axis labels are kept.
     pub fn reopen(&mut self, id: &str, path: &Path, options: &OpenOptions) {
-        let was_served = self.tensors.remove(id).is_some();
-        let broke_before = self.refused.remove(id).is_some_and(|r| r.after_change);
-        self.refused_identities.remove(id);
-        let settings = self.settings_of(id);
-        self.open_one(id.to_string(), path.to_path_buf(), settings, options);
-        if let Some(refused) = self.refused.get_mut(id) {
+        let opened = Opened::open(id, path, self.settings_of(id), options);
+        self.install_reopened(opened);
+    }
+
+    /// Puts a source reopened outside the lock ([`Opened::open`] with
+    /// [`Registry::settings_of`]) in place of what was served (or refused) under its id;
+    /// false, and nothing changed, when the id was removed meanwhile.
+    pub fn install_reopened(&mut self, opened: Opened) -> bool {
+        let id = opened.id.clone();
+        if !self.knows(&id) {
+            return false;
+        }
+        let was_served = self.tensors.remove(&id).is_some();
+        let broke_before = self.refused.remove(&id).is_some_and(|r| r.after_change);
+        self.refused_identities.remove(&id);
+        self.install(opened);
+        if let Some(refused) = self.refused.get_mut(&id) {
             refused.after_change = was_served || broke_before;
         }
+        true
+    }
+
+    /// Whether `id` is served or refused.
+    pub fn knows(&self, id: &str) -> bool {
+        self.tensors.contains_key(id) || self.refused.contains_key(id)
     }
 
     /// `self` with the runtime sources of `current` in place of its own: a rescan started
@@ -512,6 +656,7 @@ impl Registry {
         self.label_overrides.remove(id);
         self.supplied.remove(id);
         self.origins.remove(id);
+        self.confines.remove(id);
         self.refused_identities.remove(id);
     }
 
@@ -526,23 +671,20 @@ impl Registry {
         known
     }
 
-    /// Adds the file at `path` under a new id made unique from `base`, opened with
-    /// `settings`: its id, or why it cannot be served (it is then not registered).
-    pub fn add(
-        &mut self,
-        base: &str,
-        path: &Path,
-        settings: Settings,
-        options: &OpenOptions,
-    ) -> Result<String, String> {
+    /// Adds a file opened outside the lock ([`Opened::open`]) under a new id made unique
+    /// from `base`: its id, or why it cannot be served (it is then not registered).
+    pub fn add(&mut self, base: &str, mut opened: Opened) -> Result<String, String> {
         let base = sanitize(base);
-        let mut id = base.clone();
-        let mut n = 1;
-        while self.tensors.contains_key(&id) || self.refused.contains_key(&id) {
-            n += 1;
-            id = format!("{base}-{n}");
+        let id = self
+            .ids
+            .lock()
+            .assign(&base, &opened.path, |id| self.knows(id));
+        if let Ok(tensor) = &mut opened.result {
+            tensor.array_id.clone_from(&id);
+            tensor.source_id.clone_from(&id);
         }
-        self.open_one(id.clone(), path.to_path_buf(), settings, options);
+        opened.id.clone_from(&id);
+        self.install(opened);
         self.generation = next_generation();
         if self.tensors.contains_key(&id) {
             return Ok(id);
@@ -628,6 +770,45 @@ pub struct Settings {
     pub supplied: Option<Arc<Supplied>>,
     /// Where it came from.
     pub origin: Origin,
+    /// Where its file may really be (checked at every open, see [`Confine`]).
+    pub confine: Option<Arc<Confine>>,
+}
+
+impl Settings {
+    /// The confinement that applies under `options`: a runtime source's always, a
+    /// configured one's unless links may lead out of the served folder.
+    fn confine_under(&self, options: &OpenOptions) -> Option<&Arc<Confine>> {
+        self.confine
+            .as_ref()
+            .filter(|_| self.origin.is_dropped() || !options.follow_links_outside)
+    }
+}
+
+/// A source opened, or refused with why, without the registry's lock: file I/O never
+/// happens under it (a FIFO or a slow disk would stall every request).
+#[derive(Debug)]
+pub struct Opened {
+    id: String,
+    path: PathBuf,
+    settings: Settings,
+    result: Result<Tensor, String>,
+    /// The identity of a refused file, so it is retried only once it changes.
+    identity: Option<FileIdentity>,
+}
+
+impl Opened {
+    /// Opens the file at `path` as source `id` with `settings`.
+    pub fn open(id: &str, path: &Path, settings: Settings, options: &OpenOptions) -> Opened {
+        let result = open_tensor(id, path, &settings, options);
+        let identity = result.as_ref().err().and_then(|_| identity_at(path));
+        Opened {
+            id: id.to_string(),
+            path: path.to_path_buf(),
+            settings,
+            result,
+            identity,
+        }
+    }
 }
 
 fn open_tensor(
@@ -637,7 +818,12 @@ fn open_tensor(
     options: &OpenOptions,
 ) -> Result<Tensor, String> {
     let labels = settings.labels.as_deref();
-    let file = NpyFile::open(path, &options.limits).map_err(|e| refusal(path, &e))?;
+    let confine = settings.confine_under(options);
+    let place = confine.map(|c| {
+        let c = c.clone();
+        Arc::new(move |file: &std::fs::File| c.check(file)) as Placement
+    });
+    let file = NpyFile::open_within(path, &options.limits, place).map_err(|e| refusal(path, &e))?;
     let header = file.header();
     let plan_grid = |target: u64| {
         ChunkGrid::plan(
@@ -669,7 +855,12 @@ fn open_tensor(
             ));
         }
     };
-    let meta = meta::load(path, rank, settings.supplied.as_deref());
+    let meta = meta::load(
+        path,
+        rank,
+        settings.supplied.as_deref(),
+        confine.map(|c| &**c),
+    );
     Ok(Tensor {
         array_id: id.to_string(),
         source_id: id.to_string(),
@@ -703,17 +894,18 @@ fn refusal(path: &Path, err: &NpyError) -> String {
 }
 
 /// Adds the spec's file, or the files of its directory (recursively), to `out` in
-/// sorted order; unreadable subdirectories are noted in `problems` and skipped.
+/// sorted order; unreadable subdirectories are noted in `found` and skipped.
 fn collect(
     spec: &SourceSpec,
     out: &mut Vec<Candidate>,
-    problems: &mut Vec<String>,
+    found: &mut Discovery,
 ) -> std::io::Result<()> {
     let path = spec.path.as_path();
     let alias = spec.options.id.as_deref();
     let labels = &spec.options.dim_labels;
     let supplied = &spec.options.supplied;
     let meta = std::fs::metadata(path)?;
+    let confine = Confine::served_folder(path).map(Arc::new);
     if meta.is_file() {
         let stem = path
             .file_stem()
@@ -721,17 +913,17 @@ fn collect(
             .unwrap_or_default();
         out.push(Candidate {
             base: sanitize(alias.unwrap_or(&stem)),
-            id: String::new(),
             path: absolute(path),
             dim_labels: labels.clone(),
             supplied: supplied.clone(),
+            confine: confine.clone(),
         });
         return Ok(());
     }
-    let mut found = Vec::new();
-    walk(path, &mut found, problems)?;
-    found.sort();
-    for file in found {
+    let mut files = Vec::new();
+    walk(path, &mut files, found)?;
+    files.sort();
+    for file in files {
         let rel = file.strip_prefix(path).unwrap_or(&file);
         let mut parts: Vec<String> = rel
             .iter()
@@ -747,24 +939,27 @@ fn collect(
         }
         out.push(Candidate {
             base: sanitize(&parts.join(".")),
-            id: String::new(),
             path: absolute(&file),
             dim_labels: labels.clone(),
             supplied: supplied.clone(),
+            confine: confine.clone(),
         });
     }
     Ok(())
 }
 
 /// Recursively lists `.npy` files under `dir`; unreadable subdirectories are noted and skipped.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>, problems: &mut Vec<String>) -> std::io::Result<()> {
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, found: &mut Discovery) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         let kind = entry.file_type()?;
         if kind.is_dir() {
-            if let Err(err) = walk(&path, out, problems) {
-                problems.push(format!("{}: directory skipped: {err}", path.display()));
+            if let Err(err) = walk(&path, out, found) {
+                found
+                    .problems
+                    .push(format!("{}: directory skipped: {err}", path.display()));
+                found.not_seen(&path, &err);
             }
         } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file())
         {
@@ -791,17 +986,6 @@ pub fn sanitize(raw: &str) -> String {
         })
         .collect();
     if id.is_empty() { "_".to_string() } else { id }
-}
-
-fn unique_id(base: &str, taken: &mut HashMap<String, u32>) -> String {
-    let mut id = base.to_string();
-    let mut n = 1;
-    while taken.contains_key(&id) {
-        n += 1;
-        id = format!("{base}-{n}");
-    }
-    taken.insert(id.clone(), n);
-    id
 }
 
 #[cfg(test)]
@@ -907,8 +1091,23 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(&secret, dir.path().join("link.npy")).unwrap();
         std::fs::copy(&secret, dir.path().join("copy.npy")).unwrap();
-        let (registry, _) =
-            Registry::scan(&[SourceSpec::from(dir.path().to_path_buf())], &options());
+        let specs = [SourceSpec::from(dir.path().to_path_buf())];
+        // By default a link out of the served folder is refused as that, quoting nothing.
+        let (confined, _) = Registry::scan(&specs, &options());
+        let link = &confined.refused_source("link").unwrap().reason;
+        assert!(
+            link.contains("resolves outside the served folder"),
+            "{link}"
+        );
+        assert!(
+            !link.contains("root:") && !link.contains("passwd"),
+            "{link}"
+        );
+        let follow = OpenOptions {
+            follow_links_outside: true,
+            ..options()
+        };
+        let (registry, _) = Registry::scan(&specs, &follow);
 
         let link = &registry.refused_source("link").unwrap().reason;
         assert!(!link.contains("root"), "{link}");
@@ -941,9 +1140,12 @@ pub(crate) mod tests {
         let a = current
             .add(
                 "drop.a",
-                &inbox.path().join("a.npy"),
-                dropped(inbox.path()),
-                &options(),
+                Opened::open(
+                    "drop.a",
+                    &inbox.path().join("a.npy"),
+                    dropped(inbox.path()),
+                    &options(),
+                ),
             )
             .unwrap();
         let before = current.generation();
@@ -953,9 +1155,12 @@ pub(crate) mod tests {
         let b = current
             .add(
                 "drop.b",
-                &inbox.path().join("b.npy"),
-                dropped(inbox.path()),
-                &options(),
+                Opened::open(
+                    "drop.b",
+                    &inbox.path().join("b.npy"),
+                    dropped(inbox.path()),
+                    &options(),
+                ),
             )
             .unwrap();
         assert_ne!(current.generation(), before);
@@ -983,25 +1188,34 @@ pub(crate) mod tests {
         let first = registry
             .add(
                 "x",
-                &dir.path().join("x.npy"),
-                dropped(dir.path()),
-                &options(),
+                Opened::open(
+                    "x",
+                    &dir.path().join("x.npy"),
+                    dropped(dir.path()),
+                    &options(),
+                ),
             )
             .unwrap();
         let second = registry
             .add(
                 "x",
-                &dir.path().join("x.npy"),
-                dropped(dir.path()),
-                &options(),
+                Opened::open(
+                    "x",
+                    &dir.path().join("x.npy"),
+                    dropped(dir.path()),
+                    &options(),
+                ),
             )
             .unwrap();
         assert_eq!((first.as_str(), second.as_str()), ("x", "x-2"));
         let refused = registry.add(
             "bad",
-            &dir.path().join("bad.npy"),
-            dropped(dir.path()),
-            &options(),
+            Opened::open(
+                "bad",
+                &dir.path().join("bad.npy"),
+                dropped(dir.path()),
+                &options(),
+            ),
         );
         assert!(refused.unwrap_err().contains("not a .npy file"));
         assert!(registry.refused_source("bad").is_none());
@@ -1014,10 +1228,16 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn collisions_get_numbered_suffixes() {
-        let mut taken = HashMap::new();
-        assert_eq!(unique_id("a", &mut taken), "a");
-        assert_eq!(unique_id("a", &mut taken), "a-2");
-        assert_eq!(unique_id("a", &mut taken), "a-3");
+    fn an_id_stays_with_its_file_when_a_colliding_file_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        npy(&dir.path().join("a_b.npy"), &[1], &[1]);
+        let specs = [SourceSpec::from(dir.path().to_path_buf())];
+        let (registry, _) = Registry::scan(&specs, &options());
+        assert_eq!(registry.get("a_b").unwrap().shape(), [1]);
+        // `a b.npy` sorts first and derives the same id: it gets the next one.
+        npy(&dir.path().join("a b.npy"), &[2], &[2, 2]);
+        let next = registry.rebuild(&Discovery::run(&specs), |_| false, &options());
+        assert_eq!(next.get("a_b").unwrap().shape(), [1]);
+        assert_eq!(next.get("a_b-2").unwrap().shape(), [2]);
     }
 }

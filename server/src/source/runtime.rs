@@ -11,11 +11,14 @@
 //! and removes those whose files are gone. Runtime sources live in memory only: they do not
 //! survive a restart (docs/decisions/0016).
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeSet, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
+use crate::source::confine::Confine;
 use crate::source::origin::{DND_PREFIX, Origin};
-use crate::source::registry::{Settings, sanitize};
+use crate::source::registry::{OpenOptions, Opened, Registry, Settings, sanitize};
 use crate::source::sources::Sources;
 
 /// Default most `.npy` files one `add_source` of a directory registers.
@@ -40,6 +43,9 @@ impl Default for RuntimeRoots {
 }
 
 /// Why an `add_source` or `remove_source` request is refused as a whole.
+///
+/// No refusal names where a path resolves, or whether a path outside the roots exists:
+/// only paths under a root are told apart.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// No roots are configured.
@@ -51,7 +57,7 @@ pub enum RuntimeError {
     /// The path is relative or empty.
     #[error("'{0}' is not an absolute path on the server")]
     NotAbsolute(String),
-    /// The path cannot be resolved.
+    /// The path, under a root, cannot be resolved.
     #[error("'{path}' does not exist on the server or cannot be resolved: {source}")]
     NotFound {
         /// The path asked for.
@@ -59,17 +65,9 @@ pub enum RuntimeError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The resolved path lies outside every root.
-    #[error(
-        "'{path}' (resolved to '{}') is outside the directories sources may be added from \
-         (add_source_roots)", resolved.display()
-    )]
-    OutsideRoots {
-        /// The path asked for.
-        path: String,
-        /// Where it resolves.
-        resolved: PathBuf,
-    },
+    /// The path lies outside every root, or cannot be told to lie inside one.
+    #[error("'{0}' is outside the directories sources may be added from (add_source_roots)")]
+    OutsideRoots(String),
     /// `remove_source` of something other than a runtime root.
     #[error(
         "remove_source removes only sources added at runtime: root_url must be a dnd:// \
@@ -99,17 +97,18 @@ pub struct AddPlan {
     asked: String,
     resolved: PathBuf,
     roots: Vec<PathBuf>,
-    label: String,
-    root: PathBuf,
     max_files: usize,
 }
 
+/// The runtime root an add registers under: its label and canonical path.
+#[derive(Debug)]
+struct Place {
+    label: String,
+    root: PathBuf,
+}
+
 /// `url` (a path or a `file://` url) checked against `config`: resolved and under a root.
-pub fn plan_add(
-    sources: &Sources,
-    config: &RuntimeRoots,
-    url: &str,
-) -> Result<AddPlan, RuntimeError> {
+pub fn plan_add(config: &RuntimeRoots, url: &str) -> Result<AddPlan, RuntimeError> {
     if config.roots.is_empty() {
         return Err(RuntimeError::Disabled);
     }
@@ -118,73 +117,103 @@ pub fn plan_add(
     if raw.is_empty() || !asked.is_absolute() {
         return Err(RuntimeError::NotAbsolute(url.to_string()));
     }
-    let resolved = std::fs::canonicalize(asked).map_err(|source| RuntimeError::NotFound {
-        path: url.to_string(),
-        source,
-    })?;
     let roots: Vec<PathBuf> = config
         .roots
         .iter()
         .filter_map(|r| std::fs::canonicalize(r).ok())
         .collect();
-    if !under_any(&resolved, &roots) {
-        return Err(RuntimeError::OutsideRoots {
-            path: url.to_string(),
-            resolved,
-        });
-    }
-    let registry = sources.read();
-    let existing: Vec<(String, PathBuf)> = registry
-        .runtime_sources()
-        .filter_map(|(_, origin)| match origin {
-            Origin::Dropped { label, root } => Some((label.clone(), root.clone())),
-            Origin::Configured => None,
-        })
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    drop(registry);
-    // Inside a runtime root already: its sources keep their place under that root.
-    let (label, root) = match existing.iter().find(|(_, r)| resolved.starts_with(r)) {
-        Some((label, root)) => (label.clone(), root.clone()),
-        None => {
-            let base = resolved
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "root".to_string());
-            let mut label = base.clone();
-            let mut n = 1;
-            while existing.iter().any(|(l, _)| *l == label) {
-                n += 1;
-                label = format!("{base}-{n}");
-            }
-            (label, resolved.clone())
+    let resolved = match std::fs::canonicalize(asked) {
+        Ok(resolved) => resolved,
+        // Whether a path outside the roots exists is not the client's to learn.
+        Err(source) if under_any(&lexical(asked), &config.roots) => {
+            return Err(RuntimeError::NotFound {
+                path: url.to_string(),
+                source,
+            });
         }
+        Err(_) => return Err(RuntimeError::OutsideRoots(url.to_string())),
     };
+    if !under_any(&resolved, &roots) {
+        return Err(RuntimeError::OutsideRoots(url.to_string()));
+    }
     Ok(AddPlan {
         asked: url.to_string(),
         resolved,
         roots,
-        label,
-        root,
         max_files: config.max_files,
     })
+}
+
+/// `path` with `.` and `..` resolved by name alone (no link followed).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn under_any(path: &Path, roots: &[PathBuf]) -> bool {
     roots.iter().any(|r| path.starts_with(r))
 }
 
+/// Served files by what they are (device and inode) and by path, with their ids.
+struct Known {
+    by_identity: HashMap<(u64, u64), String>,
+    by_path: HashMap<PathBuf, String>,
+}
+
+impl Known {
+    fn of(registry: &Registry) -> Known {
+        let mut by_identity: HashMap<(u64, u64), String> = registry
+            .tensors()
+            .map(|t| {
+                let id = t.file.identity();
+                ((id.dev, id.ino), t.source_id.clone())
+            })
+            .collect();
+        for refused in registry.refused() {
+            if let Some(id) = registry.refused_identity(&refused.source_id) {
+                by_identity.insert((id.dev, id.ino), refused.source_id.clone());
+            }
+        }
+        Known {
+            by_identity,
+            by_path: registry.ids_by_path(),
+        }
+    }
+
+    /// The id serving the file found at `file` (resolved to `resolved`), if one does.
+    fn id_of(&self, file: &Path, resolved: &Path) -> Option<&String> {
+        let identity = std::fs::metadata(resolved)
+            .ok()
+            .and_then(|m| self.by_identity.get(&(m.dev(), m.ino())));
+        identity
+            .or_else(|| self.by_path.get(file))
+            .or_else(|| self.by_path.get(resolved))
+    }
+}
+
 impl AddPlan {
     /// Registers the plan's files. `progress(count, path)` is called after each source
     /// registered (added, or already served and refreshed: `count` of them so far); a file
-    /// that fails is only reported in the result. When `progress` returns false (the client went away) the walk stops, keeping
-    /// what it registered.
+    /// that fails is only reported in the result. When `progress` returns false (the client
+    /// went away) the walk stops, keeping what it registered.
+    ///
+    /// Adds run one at a time (a second waits for the first), so a file is served once
+    /// however many calls name it, and two roots of the same name get distinct labels.
     pub fn run(
         self,
         sources: &Sources,
         mut progress: impl FnMut(usize, &Path) -> bool,
     ) -> AddReport {
+        let _one_at_a_time = sources.serialize_adds();
         let mut report = AddReport::default();
         let files = match self.files() {
             Ok(files) => files,
@@ -193,20 +222,27 @@ impl AddPlan {
                 return report;
             }
         };
-        let known = sources.read().ids_by_path();
+        let place = self.place(sources);
         let options = sources.open_options().clone();
-        let origin = Origin::Dropped {
-            label: self.label.clone(),
-            root: self.root.clone(),
+        let settings = Settings {
+            origin: Origin::Dropped {
+                label: place.label.clone(),
+                root: place.root.clone(),
+            },
+            confine: Some(Arc::new(Confine::add_source_roots(self.roots.clone()))),
+            ..Default::default()
         };
+        let known = Known::of(&sources.read());
+        // Ids given are written down after the loop, with no registry lock held.
+        let ids = sources.read().ids();
         let mut count = 0usize;
         for file in &files {
             let resolved = match std::fs::canonicalize(file) {
                 Ok(r) if under_any(&r, &self.roots) => r,
-                Ok(r) => {
+                Ok(_) => {
                     report.failed.push((
                         file.display().to_string(),
-                        format!("resolves to '{}', outside add_source_roots", r.display()),
+                        "resolves outside add_source_roots".to_string(),
                     ));
                     continue;
                 }
@@ -218,23 +254,30 @@ impl AddPlan {
                     continue;
                 }
             };
-            let served = known.get(file).or_else(|| known.get(&resolved));
-            if let Some(id) = served {
-                let mut registry = sources.write();
-                let path = registry
-                    .get(id)
-                    .map(|t| t.file.path().to_path_buf())
-                    .unwrap_or_else(|| file.clone());
-                registry.reopen(id, &path, &options);
+            if let Some(id) = known.id_of(file, &resolved) {
+                let (path, settings) = {
+                    let registry = sources.read();
+                    let path = registry
+                        .get(id)
+                        .map(|t| t.file.path().to_path_buf())
+                        .unwrap_or_else(|| file.clone());
+                    (path, registry.settings_of(id))
+                };
+                let opened = Opened::open(id, &path, settings, &options);
+                sources.write().install_reopened(opened);
                 report.already_present.push(id.clone());
                 report.refreshed.push(id.clone());
             } else {
-                let base = self.id_base(file);
-                let settings = Settings {
-                    origin: origin.clone(),
-                    ..Default::default()
-                };
-                match sources.write().add(&base, file, settings, &options) {
+                let served = sources.read().count();
+                if served >= options.max_sources {
+                    report
+                        .failed
+                        .push((self.asked.clone(), over_cap(served, &options)));
+                    break;
+                }
+                let base = place.id_base(file);
+                let opened = Opened::open(&base, file, settings.clone(), &options);
+                match sources.write().add(&base, opened) {
                     Ok(id) => report.added.push(id),
                     Err(reason) => {
                         report.failed.push((file.display().to_string(), reason));
@@ -245,9 +288,11 @@ impl AddPlan {
             count += 1;
             if !progress(count, file) {
                 tracing::info!(path = %self.asked, count, "add_source cancelled by the client");
+                ids.lock().flush();
                 return report;
             }
         }
+        ids.lock().flush();
         report.removed = self.remove_gone(sources);
         tracing::info!(
             path = %self.asked,
@@ -260,6 +305,40 @@ impl AddPlan {
         report
     }
 
+    /// The runtime root the files go under: the one the path lies in already (its sources
+    /// keep their place), else a new one labelled by the path's base name, made unique.
+    fn place(&self, sources: &Sources) -> Place {
+        let existing: BTreeSet<(String, PathBuf)> = sources
+            .read()
+            .runtime_sources()
+            .filter_map(|(_, origin)| match origin {
+                Origin::Dropped { label, root } => Some((label.clone(), root.clone())),
+                Origin::Configured => None,
+            })
+            .collect();
+        if let Some((label, root)) = existing.iter().find(|(_, r)| self.resolved.starts_with(r)) {
+            return Place {
+                label: label.clone(),
+                root: root.clone(),
+            };
+        }
+        let base = self
+            .resolved
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "root".to_string());
+        let mut label = base.clone();
+        let mut n = 1;
+        while existing.iter().any(|(l, _)| *l == label) {
+            n += 1;
+            label = format!("{base}-{n}");
+        }
+        Place {
+            label,
+            root: self.resolved.clone(),
+        }
+    }
+
     /// The `.npy` files to register, in path order, or why there are none.
     fn files(&self) -> Result<Vec<PathBuf>, String> {
         let meta = std::fs::metadata(&self.resolved).map_err(|e| format!("cannot be read: {e}"))?;
@@ -269,12 +348,64 @@ impl AddPlan {
             }
             return Err("is not a .npy file".to_string());
         }
+        if !meta.is_dir() {
+            return Err(
+                "is neither a regular file nor a directory (a FIFO, socket or device)".to_string(),
+            );
+        }
         let mut found = Vec::new();
         walk(&self.resolved, &mut found, self.max_files)?;
         found.sort();
         Ok(found)
     }
 
+    /// Removes runtime sources at or under the added path whose files are gone (looked for
+    /// with no lock held).
+    fn remove_gone(&self, sources: &Sources) -> Vec<String> {
+        let under: Vec<(String, PathBuf)> = {
+            let registry = sources.read();
+            registry
+                .tensors()
+                .map(|t| {
+                    (
+                        t.source_id.clone(),
+                        t.origin.clone(),
+                        t.file.path().to_path_buf(),
+                    )
+                })
+                .chain(
+                    registry
+                        .refused()
+                        .map(|r| (r.source_id.clone(), r.origin.clone(), r.path.clone())),
+                )
+                .filter(|(_, origin, path)| origin.is_dropped() && path.starts_with(&self.resolved))
+                .map(|(id, _, path)| (id, path))
+                .collect()
+        };
+        let gone: Vec<String> = under
+            .into_iter()
+            .filter(|(_, path)| !path.exists())
+            .map(|(id, _)| id)
+            .collect();
+        let mut registry = sources.write();
+        for id in &gone {
+            registry.remove(id);
+        }
+        gone
+    }
+}
+
+/// Why the rest of an add is refused: the server serves `served` sources, its most.
+fn over_cap(served: usize, options: &OpenOptions) -> String {
+    format!(
+        "not all added: the server serves {served} sources, the most it serves at once \
+         (max_sources {}); remove sources or raise the limit (--max-sources, \
+         TESSERA_MAX_SOURCES, max_sources)",
+        options.max_sources
+    )
+}
+
+impl Place {
     /// The id a new source at `file` is made from: the label and the path under the root.
     fn id_base(&self, file: &Path) -> String {
         let label = self.label.strip_suffix(".npy").unwrap_or(&self.label);
@@ -288,34 +419,6 @@ impl AddPlan {
             *last = stem.to_string();
         }
         sanitize(&parts.join("."))
-    }
-
-    /// Removes runtime sources at or under the added path whose files are gone.
-    fn remove_gone(&self, sources: &Sources) -> Vec<String> {
-        let mut registry = sources.write();
-        let gone: Vec<String> = registry
-            .tensors()
-            .map(|t| {
-                (
-                    t.source_id.clone(),
-                    t.origin.clone(),
-                    t.file.path().to_path_buf(),
-                )
-            })
-            .chain(
-                registry
-                    .refused()
-                    .map(|r| (r.source_id.clone(), r.origin.clone(), r.path.clone())),
-            )
-            .filter(|(_, origin, path)| {
-                origin.is_dropped() && path.starts_with(&self.resolved) && !path.exists()
-            })
-            .map(|(id, _, _)| id)
-            .collect();
-        for id in &gone {
-            registry.remove(id);
-        }
-        gone
     }
 }
 

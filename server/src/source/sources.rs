@@ -5,16 +5,18 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::chunk_id::MAX_ARRAY_ID_BYTES;
 use crate::error::{ServiceError, ServiceResult};
-use crate::source::registry::{OpenOptions, Refused, Registry, Tensor, identity_at};
+use crate::source::registry::{OpenOptions, Opened, Refused, Registry, Tensor, identity_at};
 
 /// The served sources.
 pub struct Sources {
     registry: RwLock<Registry>,
     open_options: OpenOptions,
+    /// Held by each `add_source` from its first look at the registry to its last change.
+    adds: Mutex<()>,
 }
 
 impl Sources {
@@ -24,7 +26,14 @@ impl Sources {
         Self {
             registry: RwLock::new(registry),
             open_options,
+            adds: Mutex::new(()),
         }
+    }
+
+    /// Held while one `add_source` runs: adds run one at a time, so each sees what the
+    /// previous one registered.
+    pub fn serialize_adds(&self) -> MutexGuard<'_, ()> {
+        self.adds.lock()
     }
 
     /// A copy of the registry (cheap: tensors are shared), for a rescan to compare against.
@@ -108,9 +117,10 @@ impl Sources {
                         return Err(ServiceError::UnknownSource(array_id.to_string()));
                     };
                     let refused = refused.clone();
-                    let changed =
-                        identity_at(&refused.path) != registry.refused_identity(source_id);
+                    let held = registry.refused_identity(source_id);
+                    // No file I/O under the lock: a stat can hang on a broken mount.
                     drop(registry);
+                    let changed = identity_at(&refused.path) != held;
                     self.retry_refused(refused, changed)?
                 }
             }
@@ -134,8 +144,7 @@ impl Sources {
     fn retry_refused(&self, refused: Refused, changed: bool) -> ServiceResult<Arc<Tensor>> {
         let id = refused.source_id.clone();
         let refused = if changed {
-            let mut registry = self.registry.write();
-            registry.reopen(&id, &refused.path, &self.open_options);
+            let registry = self.reopen_unlocked(&id, &refused.path)?;
             match registry.get(&id) {
                 Some(t) => {
                     tracing::info!(source_id = %id, path = %refused.path.display(), "refused source readable again");
@@ -159,6 +168,22 @@ impl Sources {
         })
     }
 
+    /// Opens `path` again as source `id` with no lock held, then puts it in place under the
+    /// write lock, which is returned; a source removed meanwhile stays removed.
+    fn reopen_unlocked(
+        &self,
+        id: &str,
+        path: &std::path::Path,
+    ) -> ServiceResult<RwLockWriteGuard<'_, Registry>> {
+        let settings = self.registry.read().settings_of(id);
+        let opened = Opened::open(id, path, settings, &self.open_options);
+        let mut registry = self.registry.write();
+        if !registry.install_reopened(opened) {
+            return Err(ServiceError::UnknownSource(id.to_string()));
+        }
+        Ok(registry)
+    }
+
     fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
         let path = stale.file.path().to_path_buf();
         if let Err(busy) = stale.file.check_no_writer() {
@@ -168,8 +193,7 @@ impl Sources {
             )));
         }
         tracing::info!(source_id = %stale.source_id, path = %path.display(), "source changed on disk; reopening");
-        let mut registry = self.registry.write();
-        registry.reopen(&stale.source_id, &path, &self.open_options);
+        let registry = self.reopen_unlocked(&stale.source_id, &path)?;
         match registry.get(&stale.source_id) {
             Some(t) => Ok(t.clone()),
             None => Err(ServiceError::Unavailable(format!(

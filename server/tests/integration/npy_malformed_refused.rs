@@ -37,6 +37,7 @@ fn kind(err: &NpyError) -> &'static str {
         NpyError::OutputSize { .. } => "OutputSize",
         NpyError::SourceChanged { .. } => "SourceChanged",
         NpyError::SourceBusy { .. } => "SourceBusy",
+        NpyError::Outside { .. } => "Outside",
     }
 }
 

@@ -304,13 +304,24 @@ pub enum NpyError {
         /// What shows the write.
         what: String,
     },
+    /// The opened file lies outside the directories it may be served from (a link out of
+    /// them); the reason never names where it resolves.
+    #[error("{}: {reason}", file.display())]
+    Outside {
+        /// The path that was opened.
+        file: PathBuf,
+        /// Why, without the resolved path.
+        reason: String,
+    },
 }
 
 impl NpyError {
     /// The file the error is about, or `None` for bytes held by the caller.
     pub fn file(&self) -> Option<&Path> {
         match self {
-            Self::SourceChanged { file, .. } | Self::SourceBusy { file, .. } => Some(file),
+            Self::SourceChanged { file, .. }
+            | Self::SourceBusy { file, .. }
+            | Self::Outside { file, .. } => Some(file),
             Self::Io { file, .. }
             | Self::NotAFile { file, .. }
             | Self::EmptyFile { file }
@@ -356,7 +367,8 @@ impl NpyError {
             | Self::InvalidRegion { .. }
             | Self::OutputSize { .. }
             | Self::SourceChanged { .. }
-            | Self::SourceBusy { .. } => return self.to_string(),
+            | Self::SourceBusy { .. }
+            | Self::Outside { .. } => return self.to_string(),
             Self::BadMagic { .. } => "not a .npy file: it does not begin with the magic \\x93NUMPY",
             Self::UnsupportedVersion { .. } => "unknown .npy version (1.0, 2.0 and 3.0 are read)",
             Self::HeaderTooLong { .. } => "header length exceeds the configured limit",

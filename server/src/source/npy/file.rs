@@ -7,8 +7,10 @@ use std::fs::{File, Metadata, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::error::NpyError;
+use super::handles::Slot;
 use super::header::Header;
 use super::limits::Limits;
 use super::region::{Runs, check_output, check_region, fortran_strides, gather, stored_runs};
@@ -46,13 +48,19 @@ impl FileIdentity {
     }
 }
 
+/// Judges an opened descriptor before a byte of it is read (where the file really is);
+/// the refusal, without anything read from the file.
+pub type Placement = Arc<dyn Fn(&File) -> Result<(), String> + Send + Sync>;
+
 /// A checked `.npy` file, open for region reads.
 ///
 /// Opening reads only the header; the payload is read on demand with positional reads, which
-/// may run concurrently from several threads.
-#[derive(Debug)]
+/// may run concurrently from several threads. The descriptor is not pinned: it is held in
+/// [`super::handles`] while used and opened again on demand, checked to be the same file
+/// (device and inode) and judged by the placement again.
 pub struct NpyFile {
-    file: File,
+    slot: Arc<Slot>,
+    place: Option<Placement>,
     path: PathBuf,
     header: Header,
     identity: FileIdentity,
@@ -67,7 +75,18 @@ impl NpyFile {
     /// Opens `path`, checks its header, that it is a regular file and that the payload is all
     /// there (a truncated file is refused here), and records its identity.
     pub fn open(path: &Path, limits: &Limits) -> Result<NpyFile, NpyError> {
-        let file = open_regular(path)?;
+        Self::open_within(path, limits, None)
+    }
+
+    /// [`NpyFile::open`], with `place` judging the opened descriptor (where it really is)
+    /// before a byte is read, now and at every later open; its refusal is
+    /// [`NpyError::Outside`].
+    pub fn open_within(
+        path: &Path,
+        limits: &Limits,
+        place: Option<Placement>,
+    ) -> Result<NpyFile, NpyError> {
+        let file = open_placed(path, place.as_ref())?;
         let meta = file
             .metadata()
             .map_err(|source| io_error(path, "stat", source))?;
@@ -89,8 +108,11 @@ impl NpyFile {
             });
         }
         let header_bytes = read_prefix(&file, path, header.data_offset)?;
+        let slot = Arc::new(Slot::default());
+        slot.hold(file);
         Ok(NpyFile {
-            file,
+            slot,
+            place,
             path: path.to_path_buf(),
             header,
             identity,
@@ -118,8 +140,25 @@ impl NpyFile {
 
     /// The open file, for positional reads and in-kernel copies (`copy_file_range`) of payload
     /// ranges. Never map it: a file shrunk under a mapping kills the process with `SIGBUS`.
-    pub fn file(&self) -> &File {
-        &self.file
+    ///
+    /// Opened again when its descriptor was closed to stay under the limit: refused as
+    /// changed unless the path still names the file opened first, and judged by the
+    /// placement again.
+    pub fn file(&self) -> Result<Arc<File>, NpyError> {
+        if let Some(file) = self.slot.get() {
+            return Ok(file);
+        }
+        let file = open_placed(&self.path, self.place.as_ref())?;
+        let meta = file
+            .metadata()
+            .map_err(|source| io_error(&self.path, "stat", source))?;
+        if (meta.dev(), meta.ino()) != (self.identity.dev, self.identity.ino) {
+            return Err(NpyError::SourceChanged {
+                file: self.path.clone(),
+                what: "the path now names a different file (replaced)".to_owned(),
+            });
+        }
+        Ok(self.slot.hold(file))
     }
 
     /// Device, inode, size and mtime at open.
@@ -151,12 +190,8 @@ impl NpyFile {
                 "the path now names a different file (replaced)".to_owned(),
             ));
         }
-        let now = FileIdentity::of(
-            &self
-                .file
-                .metadata()
-                .map_err(|source| io_error(&self.path, "stat", source))?,
-        );
+        // The path names the opened file (same device and inode), so its stat is the file's.
+        let now = FileIdentity::of(&at_path);
         if now.size != self.identity.size {
             return Err(changed(format!(
                 "its size went from {} to {} bytes",
@@ -185,9 +220,7 @@ impl NpyFile {
         for _ in 0..SETTLE_ATTEMPTS {
             self.check_unchanged()?;
             self.check_no_writer()?;
-            let meta = self
-                .file
-                .metadata()
+            let meta = std::fs::metadata(&self.path)
                 .map_err(|source| io_error(&self.path, "stat", source))?;
             match touched_within(&meta, window) {
                 Some(wait) => std::thread::sleep(wait),
@@ -206,7 +239,7 @@ impl NpyFile {
     /// Refuses with [`NpyError::SourceBusy`] when another process has the file open for
     /// writing; passes when none has or when the kernel would not say.
     pub fn check_no_writer(&self) -> Result<(), NpyError> {
-        match writers::probe(&self.file) {
+        match writers::probe(&*self.file()?) {
             Writers::Open => Err(NpyError::SourceBusy {
                 file: self.path.clone(),
                 what: "another process has it open for writing".to_owned(),
@@ -217,7 +250,7 @@ impl NpyFile {
 
     /// Checks that the file's preamble and header are still the bytes read at open.
     fn check_header_same(&self) -> Result<(), NpyError> {
-        let now = read_prefix(&self.file, &self.path, self.header.data_offset)?;
+        let now = read_prefix(&*self.file()?, &self.path, self.header.data_offset)?;
         if now != self.header_bytes {
             return Err(NpyError::SourceChanged {
                 file: self.path.clone(),
@@ -237,10 +270,11 @@ impl NpyFile {
         let needed = check_region(&self.header, start, stop, Some(&self.path))?;
         check_output(needed, out.len(), Some(&self.path))?;
         let runs = stored_runs(&self.header, start, stop);
+        let file = self.file()?;
         let read = if self.header.is_c_layout() {
-            self.read_runs(runs, out)
+            self.read_runs(&file, runs, out)
         } else {
-            self.read_fortran(runs, start, stop, out)
+            self.read_fortran(&file, runs, start, stop, out)
         };
         if let Err(source) = read {
             self.check_unchanged()?;
@@ -253,11 +287,10 @@ impl NpyFile {
     }
 
     /// Reads `runs` back to back into `out`.
-    fn read_runs(&self, runs: Runs, out: &mut [u8]) -> Result<(), ReadFailure> {
+    fn read_runs(&self, file: &File, runs: Runs, out: &mut [u8]) -> Result<(), ReadFailure> {
         let run_len = runs.run_len() as usize;
         for (offset, dst) in runs.zip(out.chunks_exact_mut(run_len.max(1))) {
-            self.file
-                .read_exact_at(dst, self.header.data_offset + offset)
+            file.read_exact_at(dst, self.header.data_offset + offset)
                 .map_err(ReadFailure::Io)?;
         }
         Ok(())
@@ -266,6 +299,7 @@ impl NpyFile {
     /// Reads the stored (transposed) region into a scratch buffer, then gathers it in C order.
     fn read_fortran(
         &self,
+        file: &File,
         runs: Runs,
         start: &[u64],
         stop: &[u64],
@@ -273,7 +307,7 @@ impl NpyFile {
     ) -> Result<(), ReadFailure> {
         let mut scratch = allocate(out.len() as u64, Some(&self.path)).map_err(ReadFailure::Npy)?;
         scratch.resize(out.len(), 0);
-        self.read_runs(runs, &mut scratch)?;
+        self.read_runs(file, runs, &mut scratch)?;
         let itemsize = self.header.dtype.itemsize;
         // Extents are at most their axes, which the header check keeps within usize.
         let extent: Vec<usize> = start
@@ -290,6 +324,17 @@ impl NpyFile {
             out,
         );
         Ok(())
+    }
+}
+
+impl std::fmt::Debug for NpyFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NpyFile")
+            .field("path", &self.path)
+            .field("header", &self.header)
+            .field("identity", &self.identity)
+            .field("placed", &self.place.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -339,6 +384,18 @@ fn touched_within(meta: &Metadata, window: std::time::Duration) -> Option<std::t
     }
     let left = u64::try_from((window_ns - age.max(0)).max(1_000_000)).unwrap_or(u64::MAX);
     Some(std::time::Duration::from_nanos(left))
+}
+
+/// [`open_regular`], then judged by `place` before anything is read.
+fn open_placed(path: &Path, place: Option<&Placement>) -> Result<File, NpyError> {
+    let file = open_regular(path)?;
+    if let Some(place) = place {
+        place(&file).map_err(|reason| NpyError::Outside {
+            file: path.to_path_buf(),
+            reason,
+        })?;
+    }
+    Ok(file)
 }
 
 /// Opens `path` for reading without blocking on FIFOs, and refuses anything but a regular file.

@@ -46,6 +46,7 @@
 mod dtype;
 mod error;
 mod file;
+pub mod handles;
 mod header;
 mod limits;
 mod region;
@@ -55,7 +56,7 @@ mod writers;
 
 pub use dtype::{ByteOrder, Dtype, Kind};
 pub use error::NpyError;
-pub use file::{FileIdentity, NpyFile};
+pub use file::{FileIdentity, NpyFile, Placement};
 pub use header::{Header, parse_header};
 pub use limits::Limits;
 pub use region::region_is_contiguous;
