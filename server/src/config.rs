@@ -42,7 +42,8 @@
 //!
 //! Writes: `writable = true` accepts uploads; `state_dir = "/var/lib/tessera"` holds what
 //! users write (uploads, annotations), never evicted; `upload_max_ttl = "168h"` caps the
-//! lifetime of uploads to the scratch source.
+//! lifetime of uploads to the scratch source; `annotation_cache = "32MiB"` is the memory the
+//! annotation database may cache.
 //!
 //! Operations keys: `watch = false` (sources are rescanned by default) and
 //! `watch_interval = "2s"` (live directories),
@@ -76,6 +77,8 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default longest lifetime of an upload to the scratch source: 7 days.
 pub const DEFAULT_UPLOAD_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default memory the annotation database may keep as its page cache.
+pub const DEFAULT_ANNOTATION_CACHE_BYTES: u64 = crate::rois::store::DEFAULT_CACHE_BYTES as u64;
 
 pub mod effective;
 
@@ -234,6 +237,8 @@ pub struct ConfigFile {
     pub state_dir: Option<PathBuf>,
     /// Longest lifetime of an upload to the scratch source (a duration).
     pub upload_max_ttl: Option<String>,
+    /// Page cache of the annotation database, as a size string.
+    pub annotation_cache: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -391,6 +396,10 @@ pub struct ServeArgs {
     /// asks for none, e.g. 168h [default: 168h].
     #[arg(long, env = "TESSERA_UPLOAD_MAX_TTL", value_name = "DURATION")]
     pub upload_max_ttl: Option<String>,
+    /// Memory the annotation database may keep as its page cache; a SQL scan of the `rois`
+    /// table reads every page through it [default: 32MiB].
+    #[arg(long, env = "TESSERA_ANNOTATION_CACHE", value_name = "SIZE")]
+    pub annotation_cache: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -456,6 +465,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
     pub upload_max_ttl: Duration,
+    /// Page cache of the annotation database (`annotation_cache`).
+    pub annotation_cache_bytes: u64,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -500,6 +511,7 @@ impl ServeConfig {
             writable: false,
             state_dir: default_state_dir(),
             upload_max_ttl: DEFAULT_UPLOAD_MAX_TTL,
+            annotation_cache_bytes: DEFAULT_ANNOTATION_CACHE_BYTES,
         }
     }
 
@@ -571,6 +583,10 @@ impl ServeConfig {
                 ttl
             }
             None => DEFAULT_UPLOAD_MAX_TTL,
+        };
+        let annotation_cache_bytes = match args.annotation_cache.or(file.annotation_cache) {
+            Some(s) => parse_size(&s)?,
+            None => DEFAULT_ANNOTATION_CACHE_BYTES,
         };
         let watch_interval = match args.watch_interval.or(file.watch_interval) {
             Some(s) => parse_duration(&s)?,
@@ -702,6 +718,7 @@ impl ServeConfig {
                 .or(file.state_dir)
                 .unwrap_or_else(default_state_dir),
             upload_max_ttl,
+            annotation_cache_bytes,
         })
     }
 }

@@ -98,6 +98,10 @@ pub fn render(config: &ServeConfig) -> String {
         "upload_max_ttl".into(),
         Value::String(format_duration(config.upload_max_ttl)),
     );
+    top.insert(
+        "annotation_cache".into(),
+        Value::String(format_size(config.annotation_cache_bytes)),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;
