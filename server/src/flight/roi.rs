@@ -132,8 +132,8 @@ async fn batches(
     }
     let counter = Arc::clone(&received);
     let rest = rest.map_err(FlightError::from).and_then(move |data| {
-        let total = counter.fetch_add(received_bytes(&data), Ordering::Relaxed)
-            + received_bytes(&data);
+        let total =
+            counter.fetch_add(received_bytes(&data), Ordering::Relaxed) + received_bytes(&data);
         std::future::ready(if total > MAX_PUT_BYTES {
             Err(FlightError::ProtocolError(
                 "the annotation DoPut is over its size limit".to_string(),

@@ -761,7 +761,11 @@ mod tests {
                 break;
             };
             after = Some((tensor.clone(), id.clone()));
-            seen.push(page.iter().map(|(t, i, _)| format!("{t}/{i}")).collect::<Vec<_>>());
+            seen.push(
+                page.iter()
+                    .map(|(t, i, _)| format!("{t}/{i}"))
+                    .collect::<Vec<_>>(),
+            );
         }
         assert_eq!(seen, vec![vec!["a/3", "a/9", "b/1"], vec!["b/2"]]);
         // A page holds at least one record, however small its byte budget.

@@ -69,7 +69,14 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
     status
         .lines()
         .find_map(|l| l.strip_prefix(field))
-        .map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024)
+        .map(|v| {
+            v.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
+        })
         .unwrap()
 }
 
@@ -137,11 +144,20 @@ async fn sql_reads_annotations_page_by_page_inside_the_pool() {
     // A scan of every annotation holds about a page at a time.
     let sql = "SELECT count(*) AS n, max(length(props_json)) AS longest FROM rois";
     let (rise, answer) = peak_rise(pid, query(&mut client, sql)).await;
-    eprintln!("count(*) over 168 MB of annotations: peak RSS rose {} MiB", rise >> 20);
+    eprintln!(
+        "count(*) over 168 MB of annotations: peak RSS rose {} MiB",
+        rise >> 20
+    );
     let batch = &answer[0];
-    let n = batch.column(0).as_any().downcast_ref::<arrow_array::Int64Array>();
+    let n = batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow_array::Int64Array>();
     assert_eq!(n.unwrap().value(0), 2800);
-    let longest = batch.column(1).as_any().downcast_ref::<arrow_array::Int32Array>();
+    let longest = batch
+        .column(1)
+        .as_any()
+        .downcast_ref::<arrow_array::Int32Array>();
     assert_eq!(longest.unwrap().value(0), props.len() as i32);
     assert!(
         rise < 96 << 20,
@@ -168,7 +184,10 @@ async fn oversized_geometries_are_refused_before_they_are_parsed() {
         .iter_mut()
         .map(|client| put_rois(client, "a0", &rows));
     let (rise, outcomes) = peak_rise(server.pid(), futures::future::join_all(puts)).await;
-    eprintln!("6 puts of a 2.6 MB polygon: peak RSS rose {} MiB", rise >> 20);
+    eprintln!(
+        "6 puts of a 2.6 MB polygon: peak RSS rose {} MiB",
+        rise >> 20
+    );
     for outcome in outcomes {
         let status = outcome.expect_err("an oversized annotation is refused");
         assert!(status.message().contains("max_roi_bytes"), "{status}");

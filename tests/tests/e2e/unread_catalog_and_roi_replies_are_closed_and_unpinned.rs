@@ -102,7 +102,10 @@ async fn closed_and_unpinned(
         last = stats(server).await;
     }
     let closed = last["stalled_connections_closed"].as_u64().unwrap() - closed_before;
-    assert_eq!(closed, CONNECTIONS as u64, "stalled connections closed: {last}");
+    assert_eq!(
+        closed, CONNECTIONS as u64,
+        "stalled connections closed: {last}"
+    );
     assert_eq!(last["pinned_bytes"].as_u64().unwrap(), 0, "{last}");
     for (_conn, streams) in held {
         for mut stream in streams {
@@ -116,7 +119,10 @@ async fn closed_and_unpinned(
             })
             .await
             .expect("a stream of a closed connection ends");
-            assert!(outcome.is_err(), "a stalled reply cannot complete once closed");
+            assert!(
+                outcome.is_err(),
+                "a stalled reply cannot complete once closed"
+            );
         }
     }
 }
