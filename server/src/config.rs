@@ -48,7 +48,8 @@
 //! users write (uploads, annotations), never evicted; `upload_max_ttl = "168h"` caps the
 //! lifetime of uploads to the scratch source; `max_upload_cells = 262144` caps an upload's
 //! grid; `max_upload_bytes_in_flight = "1GiB"` and
-//! `max_upload_bytes_in_flight_per_upload = "256MiB"` cap the chunks being received.
+//! `max_upload_bytes_in_flight_per_upload = "256MiB"` cap the chunks being received;
+//! `annotation_cache = "32MiB"` is the memory the annotation database may cache.
 //!
 //! Operations keys: `watch = false` (sources are rescanned by default) and
 //! `watch_interval = "2s"` (live directories),
@@ -90,6 +91,8 @@ pub const DEFAULT_RECLAIM_IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// Default longest lifetime of an upload to the scratch source: 7 days.
 pub const DEFAULT_UPLOAD_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default memory the annotation database may keep as its page cache.
+pub const DEFAULT_ANNOTATION_CACHE_BYTES: u64 = crate::rois::store::DEFAULT_CACHE_BYTES as u64;
 
 pub mod effective;
 
@@ -272,6 +275,8 @@ pub struct ConfigFile {
     pub max_sources: Option<usize>,
     /// Most descriptors of sources held open at once.
     pub max_open_sources: Option<usize>,
+    /// Page cache of the annotation database, as a size string.
+    pub annotation_cache: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -480,6 +485,10 @@ pub struct ServeArgs {
     /// and opened again on demand [default: 512].
     #[arg(long, env = "TESSERA_MAX_OPEN_SOURCES", value_name = "N")]
     pub max_open_sources: Option<usize>,
+    /// Memory the annotation database may keep as its page cache; a SQL scan of the `rois`
+    /// table reads every page through it [default: 32MiB].
+    #[arg(long, env = "TESSERA_ANNOTATION_CACHE", value_name = "SIZE")]
+    pub annotation_cache: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -560,6 +569,8 @@ pub struct ServeConfig {
     pub max_sources: usize,
     /// Most descriptors of sources held open at once (`max_open_sources`).
     pub max_open_sources: usize,
+    /// Page cache of the annotation database (`annotation_cache`).
+    pub annotation_cache_bytes: u64,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -614,6 +625,7 @@ impl ServeConfig {
             follow_links_outside: false,
             max_sources: DEFAULT_MAX_SOURCES,
             max_open_sources: DEFAULT_MAX_OPEN,
+            annotation_cache_bytes: DEFAULT_ANNOTATION_CACHE_BYTES,
         }
     }
 
@@ -708,6 +720,10 @@ impl ServeConfig {
             args.upload_max_count.or(file.upload_max_count),
             args.upload_open_stores.or(file.upload_open_stores),
         )?;
+        let annotation_cache_bytes = match args.annotation_cache.or(file.annotation_cache) {
+            Some(s) => parse_size(&s)?,
+            None => DEFAULT_ANNOTATION_CACHE_BYTES,
+        };
         let watch_interval = match args.watch_interval.or(file.watch_interval) {
             Some(s) => parse_duration(&s)?,
             None => DEFAULT_WATCH_INTERVAL,
@@ -894,6 +910,7 @@ impl ServeConfig {
                 .unwrap_or(false),
             max_sources,
             max_open_sources,
+            annotation_cache_bytes,
         })
     }
 }

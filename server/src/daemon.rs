@@ -425,7 +425,13 @@ fn open_annotations(
     let opened = dir
         .part("annotations")
         .map_err(|e| e.to_string())
-        .and_then(|part| Annotations::open(&part, RoiLimits::default()).map_err(|e| e.to_string()));
+        .and_then(|part| {
+            let limits = RoiLimits {
+                cache_bytes: usize::try_from(config.annotation_cache_bytes).unwrap_or(usize::MAX),
+                ..RoiLimits::default()
+            };
+            Annotations::open(&part, limits).map_err(|e| e.to_string())
+        });
     match opened {
         Ok(rois) => {
             tracing::info!(dir = %dir.path().join("annotations").display(), "ROI annotations open");

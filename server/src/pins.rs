@@ -1,5 +1,6 @@
-//! Bytes held for peers by chunk replies they have not read, and the connections closed to
-//! take them back (docs/decisions/0012).
+//! Bytes held for peers by replies they have not read (chunks, and the catalog answers and
+//! ROI listings tonic encodes, [`Held`]), and the connections closed to take them back
+//! (docs/decisions/0012).
 //!
 //! A DoGet reply holds its chunk's body, a slice of a segment mapping or of the memory cache,
 //! until the peer has taken it: an evicted segment stays on disk, and a memory-cache chunk in
@@ -328,6 +329,41 @@ impl Drop for Hold {
             .held
             .fetch_sub(self.bytes, Ordering::Relaxed);
         self.pins.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// A reply made of messages (a catalog answer, a ROI listing: tonic encodes them) registered
+/// in the ledger: it holds its bytes until it ends or is dropped, and every poll for the next
+/// message is progress. hyper polls a reply body only when the peer's window has room, so a
+/// peer that stops reading stops the polls, and its connection is closed like that of an
+/// unread chunk reply.
+pub struct Held<S> {
+    inner: S,
+    hold: Option<Arc<Hold>>,
+}
+
+impl<S> Held<S> {
+    /// `inner`, registered by `hold` (`None`: a reply outside the accept loop's connections).
+    pub fn new(inner: S, hold: Option<Arc<Hold>>) -> Self {
+        Self { inner, hold }
+    }
+}
+
+impl<S: futures::Stream + Unpin> futures::Stream for Held<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        if let Some(hold) = &self.hold {
+            hold.progress();
+        }
+        let polled = std::pin::Pin::new(&mut self.inner).poll_next(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            self.hold = None;
+        }
+        polled
     }
 }
 

@@ -17,6 +17,8 @@ use redb::{Database, ReadTransaction, WriteTransaction};
 /// A redb database file, reopened after an I/O error.
 pub struct ReopeningDb {
     path: PathBuf,
+    /// The page cache each (re)open gets; `None`: redb's default.
+    cache_bytes: Option<usize>,
     /// `None` only while broken and a reopen has failed.
     db: RwLock<Option<Database>>,
     /// An I/O error was seen: reopen before the next transaction.
@@ -40,12 +42,23 @@ pub fn is_disk_full(err: &redb::Error) -> bool {
     )
 }
 
+/// Opens (creating) the database at `path` with the given page cache.
+fn create(path: &Path, cache_bytes: Option<usize>) -> Result<Database, redb::Error> {
+    let mut builder = Database::builder();
+    if let Some(bytes) = cache_bytes {
+        builder.set_cache_size(bytes);
+    }
+    Ok(builder.create(path)?)
+}
+
 impl ReopeningDb {
-    /// Opens (creating) the database at `path`.
-    pub fn open(path: &Path) -> Result<ReopeningDb, redb::Error> {
-        let db = Database::create(path)?;
+    /// Opens (creating) the database at `path`, with a page cache of `cache_bytes` (redb's
+    /// default when `None`).
+    pub fn open(path: &Path, cache_bytes: Option<usize>) -> Result<ReopeningDb, redb::Error> {
+        let db = create(path, cache_bytes)?;
         Ok(ReopeningDb {
             path: path.to_path_buf(),
+            cache_bytes,
             db: RwLock::new(Some(db)),
             broken: AtomicBool::new(false),
         })
@@ -97,7 +110,7 @@ impl ReopeningDb {
             return Ok(());
         }
         drop(slot.take());
-        let db = Database::create(&self.path).inspect_err(|err| {
+        let db = create(&self.path, self.cache_bytes).inspect_err(|err| {
             tracing::warn!(db = %self.path.display(), error = %err, "cannot reopen the database yet");
         })?;
         *slot = Some(db);

@@ -29,9 +29,6 @@ use crate::state_dir::StateDir;
 use crate::uploads::{ChunkTarget, Upload, Uploads, is_upload_id};
 use tessera_proto::pb::{TensorDescriptor, UploadStatus};
 
-/// Most annotations a catalog query over the `rois` table loads.
-const MAX_SQL_ROIS: usize = 1_000_000;
-
 /// Everything the service shares between calls.
 pub struct ServiceState {
     sources: Sources,
@@ -356,24 +353,16 @@ impl ServiceState {
         catalog::Snapshot::of(&self.sources.read()).with_uploads(self.upload_rows())
     }
 
-    /// Runs a catalog SQL query over the current registry.
+    /// Runs a catalog SQL query over the current registry (and the annotation store, which
+    /// the `rois` table reads only while the query scans it).
     pub async fn catalog_query(&self, sql: &str) -> ServiceResult<catalog::QueryAnswer> {
         let mut snapshot = self.catalog_snapshot();
-        // The annotations are read only for a query that can name their table.
-        if sql.to_ascii_lowercase().contains(catalog::tables::ROIS)
-            && let Ok(rois) = self.annotations()
-        {
-            let limit = MAX_SQL_ROIS;
-            let rows = tokio::task::spawn_blocking(move || rois.all(limit + 1))
+        if let Ok(rois) = self.annotations() {
+            let store = Arc::clone(&rois);
+            let rows = tokio::task::spawn_blocking(move || store.count())
                 .await
-                .map_err(|e| ServiceError::Internal(format!("reading annotations: {e}")))??;
-            if rows.len() > limit {
-                return Err(ServiceError::Catalog(format!(
-                    "the rois table holds more than {limit} annotations, more than a catalog \
-                     query loads; read them per tensor with list_rois"
-                )));
-            }
-            snapshot = snapshot.with_rois(rows);
+                .map_err(|e| ServiceError::Internal(format!("counting annotations: {e}")))??;
+            snapshot = snapshot.with_rois(rois, rows);
         }
         Ok(self.catalog.query(&snapshot, sql).await?)
     }

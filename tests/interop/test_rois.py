@@ -247,6 +247,16 @@ def test_the_per_tensor_cap_refuses_a_batch_that_would_pass_it(start_server, dat
     assert [r.label for r in c.list_rois("other").rois] == ["elsewhere"]
 
 
+def test_the_put_limit_counts_the_bytes_sent(start_server, data_dir):
+    """A 9.6 MB put is far under the 64 MiB a put may carry; counted by decoded Arrow
+    memory (whole shared buffers once per batch) it was refused as over 64 MiB."""
+    server = start_server(data_dir)
+    c = client_of(server)
+    batch = [ann(label=f"r{i}", props_json="p" * 9_600) for i in range(1_000)]
+    assert len(c.put_rois("img", batch).stored) == 1_000
+    assert sum(len(r.props_json) for r in c.list_rois("img").rois) == 9_600_000
+
+
 def test_restart_keeps_annotations_and_sigkill_after_the_ack_loses_nothing(
     start_server, data_dir, tmp_path
 ):

@@ -1,8 +1,9 @@
 //! The SQL catalog: `DoGet(TensorTicket{catalog_query{sql}})` runs a SELECT over the
-//! `sources` and `tensors` tables with DataFusion and streams the result back.
+//! `sources`, `tensors` and `rois` tables with DataFusion and streams the result back.
 //!
 //! ```text
 //!  registry ──Snapshot::of──▶ Snapshot ──tables──▶ sources, tensors (MemTables)
+//!  annotation store ─────────────────────rois.rs──▶ rois (read page by page when scanned)
 //!                                                        │
 //!  sql ──▶ locked-down SessionContext (session.rs) ──▶ plan + LIMIT max_rows+1
 //!                                                        │ stream, stop at the bounds
@@ -19,6 +20,7 @@
 mod capped;
 mod guard;
 mod len;
+mod rois;
 mod session;
 pub mod tables;
 pub mod tree;
@@ -128,6 +130,16 @@ pub struct QueryAnswer {
     pub returned_rows: usize,
     /// Whether rows were cut by a bound.
     pub truncated: bool,
+}
+
+impl QueryAnswer {
+    /// Bytes the answer's batches hold (Arrow memory), what it pins until it is sent.
+    pub fn bytes(&self) -> u64 {
+        self.batches
+            .iter()
+            .map(|b| b.get_array_memory_size() as u64)
+            .sum()
+    }
 }
 
 /// The SQL catalog engine: limits, the memory pool all queries share, and the

@@ -81,11 +81,13 @@ pub fn context(runtime: &Arc<RuntimeEnv>, snapshot: &Snapshot) -> Result<Session
     for (name, batch) in [
         (tables::SOURCES, tables::sources_batch(snapshot)?),
         (tables::TENSORS, tables::tensors_batch(snapshot)?),
-        (tables::ROIS, tables::rois_batch(snapshot)?),
     ] {
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
         ctx.register_table(name, Arc::new(table))?;
     }
+    // Annotations are many and large: read from their store only while a query scans them.
+    let rois = super::rois::table(snapshot.rois().cloned())?;
+    ctx.register_table(tables::ROIS, Arc::new(rois))?;
     Ok(ctx)
 }
 

@@ -4,7 +4,8 @@
 //!   with exactly the columns and types biopb clients read (protocol §2.3).
 //! * `tensors`: one row per served tensor, with the serving details (chunk grid,
 //!   byte size, path, content version) that `sources` leaves out.
-//! * `rois`: one row per stored ROI annotation (loaded only for a query that names it).
+//! * `rois`: one row per stored ROI annotation, streamed from the annotation store page by
+//!   page while a query scans it (`catalog/rois.rs`).
 //!
 //! READY uploads (`<source_id>/@fields/<name>`) are tensors of their source: rows of
 //! `tensors`, and entries of their source's `sources.tensors` (the `scratch` source gets a
@@ -19,6 +20,7 @@ use arrow_array::{
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
+use crate::rois::Annotations;
 use crate::rois::store::StoredRoi;
 use crate::source::registry::{Refused, Registry, Tensor};
 use crate::uploads::SCRATCH_SOURCE_ID;
@@ -76,7 +78,9 @@ pub struct UploadRow {
 pub struct Snapshot {
     tensors: Vec<Arc<Tensor>>,
     refused: Vec<Refused>,
-    rois: Arc<Vec<RoiRow>>,
+    rois: Option<Arc<Annotations>>,
+    /// Annotations stored when the snapshot was taken.
+    rois_rows: u64,
     uploads: Vec<UploadRow>,
 }
 
@@ -117,15 +121,23 @@ impl Snapshot {
         Snapshot {
             tensors: registry.tensors().cloned().collect(),
             refused: registry.refused().cloned().collect(),
-            rois: Arc::default(),
+            rois: None,
+            rois_rows: 0,
             uploads: Vec::new(),
         }
     }
 
-    /// The snapshot with the rows of the `rois` table.
-    pub fn with_rois(mut self, rois: Vec<RoiRow>) -> Snapshot {
-        self.rois = Arc::new(rois);
+    /// The snapshot whose `rois` table reads `annotations`, which hold `rows` annotations
+    /// now (nothing is read until a query scans the table).
+    pub fn with_rois(mut self, annotations: Arc<Annotations>, rows: u64) -> Snapshot {
+        self.rois = Some(annotations);
+        self.rois_rows = rows;
         self
+    }
+
+    /// The annotations the `rois` table reads (`None`: an empty table).
+    pub fn rois(&self) -> Option<&Arc<Annotations>> {
+        self.rois.as_ref()
     }
 
     /// The one source `id` of `registry` (nothing when there is none).
@@ -133,7 +145,8 @@ impl Snapshot {
         Snapshot {
             tensors: registry.get(id).cloned().into_iter().collect(),
             refused: registry.refused_source(id).cloned().into_iter().collect(),
-            rois: Arc::default(),
+            rois: None,
+            rois_rows: 0,
             uploads: Vec::new(),
         }
     }
@@ -141,8 +154,8 @@ impl Snapshot {
     /// Rows of the largest catalog table (`sources` has one per source, resolved or not;
     /// `tensors` one per tensor): an upper bound for what one table scan produces.
     pub fn max_table_rows(&self) -> u64 {
-        (self.tensors.len() + self.refused.len() + 2 * self.uploads.len()).max(self.rois.len())
-            as u64
+        ((self.tensors.len() + self.refused.len() + 2 * self.uploads.len()) as u64)
+            .max(self.rois_rows)
     }
 
     /// Longest list a catalog table holds: a tensor's `shape`, `dim_labels` or chunk shape,
@@ -220,6 +233,11 @@ pub fn sources_schema() -> SchemaRef {
     SOURCES_SCHEMA.clone()
 }
 
+/// The Arrow schema of the `rois` table.
+pub fn rois_schema() -> SchemaRef {
+    ROIS_SCHEMA.clone()
+}
+
 /// The Arrow schema of the `tensors` table.
 pub fn tensors_schema() -> SchemaRef {
     TENSORS_SCHEMA.clone()
@@ -242,11 +260,10 @@ struct SourceRow<'a> {
     reason: Option<&'a str>,
 }
 
-/// The `rois` table: every stored annotation, by tensor then id. `geometry` is
+/// Rows of the `rois` table (annotations by tensor then id). `geometry` is
 /// `biopb.image.ROI` as proto3 JSON, `plane` the pins as a JSON object (axis → index),
 /// `drawn_against_version` lowercase hex.
-pub fn rois_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
-    let rows = snapshot.rois.as_slice();
+pub fn rois_batch(rows: &[RoiRow]) -> Result<RecordBatch, ArrowError> {
     let text = |f: &dyn Fn(&RoiRow) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
@@ -530,7 +547,8 @@ mod tests {
     fn refused_files_are_unresolved_rows_with_their_reason() {
         let snapshot = Snapshot {
             tensors: Vec::new(),
-            rois: Arc::default(),
+            rois: None,
+            rois_rows: 0,
             refused: vec![Refused {
                 source_id: "bad".to_string(),
                 path: "/data/bad.npy".into(),

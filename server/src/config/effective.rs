@@ -150,6 +150,10 @@ pub fn render(config: &ServeConfig) -> String {
         "max_open_sources".into(),
         Value::Integer(i64::try_from(config.max_open_sources).unwrap_or(i64::MAX)),
     );
+    top.insert(
+        "annotation_cache".into(),
+        Value::String(format_size(config.annotation_cache_bytes)),
+    );
 
     let mut pyramid = Table::new();
     let p = &config.pyramid;

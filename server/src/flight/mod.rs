@@ -42,6 +42,7 @@ use crate::catalog;
 use crate::chunk_id::ChunkId;
 use crate::error::{ServiceError, ServiceResult};
 use crate::listener::Peer;
+use crate::pins::{Connection, Held};
 use crate::route::Route;
 use crate::source::registry::Tensor;
 use crate::source::sources::check_array_id_len;
@@ -78,6 +79,18 @@ impl TesseraFlight {
     fn route_of<T>(&self, request: &Request<T>) -> (bool, Route) {
         let loopback = Peer::of(request.extensions()).is_some_and(Peer::is_loopback);
         (loopback, self.state.plan_route(loopback))
+    }
+
+    /// A reply of `bytes` in the ledger of unread replies, as its connection's (chunk replies
+    /// are registered by [`chunk_get`]).
+    fn held(
+        &self,
+        connection: Option<Arc<Connection>>,
+        bytes: u64,
+        stream: BoxStream<FlightData>,
+    ) -> BoxStream<FlightData> {
+        let hold = connection.map(|c| self.state.pins().hold(&c, bytes));
+        Box::pin(Held::new(stream, hold))
     }
 
     /// Starts decoding the end chunks of a plan just answered, if its tensor is cold
@@ -327,8 +340,10 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         // The chunk route in front decoded the ticket: chunks it answered itself, a catalog
         // query it hands on with its SQL, a ROI read with its RoiRead.
+        let connection = Peer::of(request.extensions()).map(|peer| Arc::clone(&peer.connection));
         if let Some(RoiReadTicket(read)) = request.extensions().get::<RoiReadTicket>().cloned() {
-            return Ok(Response::new(roi::read(&self.state, read).await?));
+            let (stream, bytes) = roi::read(&self.state, read).await?;
+            return Ok(Response::new(self.held(connection, bytes, stream)));
         }
         let Some(CatalogSql(sql)) = request.extensions().get::<CatalogSql>().cloned() else {
             return Err(ServiceError::Internal(
@@ -338,7 +353,9 @@ impl FlightService for TesseraFlight {
             .into());
         };
         let answer = self.state.catalog_query(&sql).await?;
-        Ok(Response::new(Box::pin(catalog::wire::flight_data(answer))))
+        let bytes = answer.bytes();
+        let stream = Box::pin(catalog::wire::flight_data(answer));
+        Ok(Response::new(self.held(connection, bytes, stream)))
     }
 
     async fn do_put(

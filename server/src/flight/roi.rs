@@ -4,6 +4,7 @@
 //! carries a sealed `roi_ticket`. The annotations themselves are [`crate::rois`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow_array::RecordBatch;
 use arrow_flight::decode::FlightRecordBatchStream;
@@ -70,10 +71,13 @@ fn filed_under(state: &ServiceState, asked: &str) -> (String, Option<Arc<Tensor>
     }
 }
 
-/// DoGet of a `roi_read`: the rows, with `truncated` and `sets` in the schema metadata.
-/// A grant, when the ticket carries one, must be this server's seal over the tensor as
-/// served now.
-pub async fn read(state: &ServiceState, read: RoiRead) -> ServiceResult<BoxStream<FlightData>> {
+/// DoGet of a `roi_read`: the rows, with `truncated` and `sets` in the schema metadata, and
+/// the bytes the reply holds until it is sent. A grant, when the ticket carries one, must be
+/// this server's seal over the tensor as served now.
+pub async fn read(
+    state: &ServiceState,
+    read: RoiRead,
+) -> ServiceResult<(BoxStream<FlightData>, u64)> {
     let rois = state.annotations()?;
     require_array_id(&read.array_id, "roi_read")?;
     let (array_id, tensor) = filed_under(state, &read.array_id);
@@ -87,40 +91,69 @@ pub async fn read(state: &ServiceState, read: RoiRead) -> ServiceResult<BoxStrea
     let schema = rows::schema(listing.truncated, &listing.sets);
     let batch = rows::to_batch(schema.clone(), &array_id, &listing.rois)
         .map_err(|e| ServiceError::Internal(format!("encoding annotations: {e}")))?;
+    drop(listing);
+    let bytes = batch.get_array_memory_size() as u64;
     let stream = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .build(futures::stream::iter([Ok(batch)]))
         .map_err(|e| Status::from(ServiceError::Internal(format!("encoding annotations: {e}"))));
-    Ok(Box::pin(stream))
+    Ok((Box::pin(stream), bytes))
 }
 
-/// Most bytes (Arrow memory) one annotation DoPut may carry.
+/// Most bytes one annotation DoPut may carry, counted as received (every message's
+/// header, body and metadata).
 const MAX_PUT_BYTES: usize = 64 << 20;
 
+/// The refusal of a DoPut of more than [`MAX_PUT_BYTES`].
+fn put_too_large() -> ServiceError {
+    ServiceError::InvalidArgument(format!(
+        "an annotation DoPut carries at most {} MiB (as sent); send the rows in several puts",
+        MAX_PUT_BYTES >> 20
+    ))
+}
+
+/// The bytes of one message as received.
+fn received_bytes(data: &FlightData) -> usize {
+    data.data_header.len() + data.data_body.len() + data.app_metadata.len()
+}
+
 /// The record batches of a DoPut, its first message included; refused past `max_rows`
-/// rows or [`MAX_PUT_BYTES`].
+/// rows or [`MAX_PUT_BYTES`] received. The bytes are counted as they arrive, before they
+/// are decoded: a decoded batch's Arrow memory size counts whole shared buffers once per
+/// batch, which made a 9.6 MB put look like 200 MB.
 async fn batches(
     first: FlightData,
     rest: Streaming<FlightData>,
     max_rows: u64,
 ) -> ServiceResult<Vec<RecordBatch>> {
-    let data = futures::stream::once(async { Ok(first) }).chain(rest.map_err(FlightError::from));
+    let received = Arc::new(AtomicUsize::new(received_bytes(&first)));
+    if received.load(Ordering::Relaxed) > MAX_PUT_BYTES {
+        return Err(put_too_large());
+    }
+    let counter = Arc::clone(&received);
+    let rest = rest.map_err(FlightError::from).and_then(move |data| {
+        let total =
+            counter.fetch_add(received_bytes(&data), Ordering::Relaxed) + received_bytes(&data);
+        std::future::ready(if total > MAX_PUT_BYTES {
+            Err(FlightError::ProtocolError(
+                "the annotation DoPut is over its size limit".to_string(),
+            ))
+        } else {
+            Ok(data)
+        })
+    });
+    let data = futures::stream::once(async { Ok(first) }).chain(rest);
     let mut decoder = FlightRecordBatchStream::new_from_flight_data(data);
     let mut out = Vec::new();
     let mut rows = 0u64;
-    let mut bytes = 0usize;
     while let Some(batch) = decoder.next().await {
+        if received.load(Ordering::Relaxed) > MAX_PUT_BYTES {
+            return Err(put_too_large());
+        }
         let batch = batch.map_err(|e| {
             ServiceError::InvalidArgument(format!("reading the annotation stream: {e}"))
         })?;
         rows += batch.num_rows() as u64;
-        bytes += batch.get_array_memory_size();
-        if bytes > MAX_PUT_BYTES {
-            return Err(ServiceError::InvalidArgument(format!(
-                "an annotation DoPut carries at most {} MiB; send the rows in several puts",
-                MAX_PUT_BYTES >> 20
-            )));
-        }
         if rows > max_rows {
             return Err(ServiceError::InvalidArgument(format!(
                 "an annotation DoPut carries at most {max_rows} rows (max_rois_per_tensor); \

@@ -48,6 +48,8 @@ pub struct RoiLimits {
     pub max_row_bytes: usize,
     /// Longest client-chosen `roi_id` and `set_name`, in characters.
     pub max_name_chars: usize,
+    /// Memory the database may keep as its page cache (`annotation_cache`).
+    pub cache_bytes: usize,
 }
 
 impl Default for RoiLimits {
@@ -56,6 +58,7 @@ impl Default for RoiLimits {
             max_rois_per_tensor: 10_000,
             max_row_bytes: 64 << 10,
             max_name_chars: 128,
+            cache_bytes: store::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -122,7 +125,7 @@ impl Annotations {
     /// Opens the store and the seal key in `dir` (the state directory's `annotations`).
     pub fn open(dir: &Path, limits: RoiLimits) -> Result<Annotations, RoiError> {
         Ok(Annotations {
-            store: Store::open(&dir.join("rois.redb"))?,
+            store: Store::open(&dir.join("rois.redb"), limits.cache_bytes)?,
             sealer: Sealer::open(&dir.join("seal.key"))?,
             limits,
         })
@@ -169,23 +172,23 @@ impl Annotations {
             return Err(refused(format!("set_name is longer than {max} characters")));
         }
         let name = if id.is_empty() { "<new>" } else { id.as_str() };
+        let size = |geometry: &str| {
+            id.len()
+                + set_name.len()
+                + roi.label.len()
+                + geometry.len()
+                + roi.props_json.len()
+                + roi.drawn_against_version.as_ref().map_or(0, Vec::len)
+                + roi.plane.len() * 8
+        };
+        // The text as sent is measured before it is parsed: parsing a JSON value costs
+        // tens of times its text (a 2.6 MB polygon took over 100 MB), so an oversized
+        // geometry must never reach the parser.
+        self.check_row_bytes(name, size(&roi.geometry))?;
         let shape =
             Shape::parse(&roi.geometry).map_err(|e| refused(format!("annotation {name}: {e}")))?;
         let geometry = shape.to_json();
-        let bytes = id.len()
-            + set_name.len()
-            + roi.label.len()
-            + geometry.len()
-            + roi.props_json.len()
-            + roi.drawn_against_version.as_ref().map_or(0, Vec::len)
-            + roi.plane.len() * 8;
-        if bytes > self.limits.max_row_bytes {
-            return Err(refused(format!(
-                "annotation {name} is {bytes} bytes, more than the {} one annotation may be \
-                 (max_roi_bytes)",
-                self.limits.max_row_bytes
-            )));
-        }
+        self.check_row_bytes(name, size(&geometry))?;
         Ok(NewRoi {
             roi_id: (!id.is_empty()).then_some(id),
             record: StoredRoi {
@@ -201,6 +204,18 @@ impl Annotations {
                 updated_ms: 0,
             },
         })
+    }
+
+    /// Refuses annotation `name` when its stored text would be `bytes`, over the row limit.
+    fn check_row_bytes(&self, name: &str, bytes: usize) -> Result<(), RoiError> {
+        if bytes > self.limits.max_row_bytes {
+            return Err(RoiError::Refused(format!(
+                "annotation {name} is {bytes} bytes, more than the {} one annotation may be \
+                 (max_roi_bytes)",
+                self.limits.max_row_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// Creates or updates `rows` on served tensor `array_id` (named `asked` by the client,
@@ -326,9 +341,20 @@ impl Annotations {
         Ok(self.sealer.check(array_id, grant, current, now_secs())?)
     }
 
-    /// Every stored annotation as `(array_id, roi_id, record)`, at most `limit`.
-    pub fn all(&self, limit: usize) -> Result<Vec<(String, String, StoredRoi)>, RoiError> {
-        Ok(self.store.all(limit)?)
+    /// How many annotations are stored, over every tensor.
+    pub fn count(&self) -> Result<u64, RoiError> {
+        Ok(self.store.count()?)
+    }
+
+    /// The stored annotations after key `(array_id, roi_id)` `after`, as
+    /// `(array_id, roi_id, record)` in key order: [`Store::page`].
+    pub fn page(
+        &self,
+        after: Option<&(String, String)>,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, String, StoredRoi)>, RoiError> {
+        Ok(self.store.page(after, max_rows, max_bytes)?)
     }
 }
 
@@ -396,6 +422,9 @@ mod tests {
         let mut big = incoming("", point);
         big.props_json = "x".repeat(300);
         assert!(refusal(vec![big]).contains("max_roi_bytes"));
+        // The size is checked before the geometry is parsed: an oversized text is refused
+        // for its size, never handed to the JSON parser.
+        assert!(refusal(vec![incoming("", &"[".repeat(300))]).contains("max_roi_bytes"));
         let mut elsewhere = incoming("", point);
         elsewhere.array_id = "other".to_string();
         assert!(refusal(vec![elsewhere]).contains("does not match"));

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use super::RESERVED_SET_PREFIX;
@@ -21,6 +21,10 @@ use crate::reopening_db::ReopeningDb;
 const ROIS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("rois");
 const SETS: TableDefinition<(&str, &str), u64> = TableDefinition::new("sets");
 const SEEN: TableDefinition<&str, &[u8]> = TableDefinition::new("seen");
+
+/// Default memory redb may keep as its page cache (`annotation_cache`). redb's own default,
+/// 1 GiB, kept most of a large store in RAM after one SQL scan of the `rois` table.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 
 /// Why the store failed or refused.
 #[derive(Debug, thiserror::Error)]
@@ -194,13 +198,13 @@ fn is_reserved(set_name: &str) -> bool {
 }
 
 impl Store {
-    /// Opens (creating) the database at `path`.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+    /// Opens (creating) the database at `path`, caching at most `cache_bytes` of its pages.
+    pub fn open(path: &Path, cache_bytes: usize) -> Result<Store, StoreError> {
         let fail = |e: redb::Error| StoreError::Db {
             path: path.to_path_buf(),
             source: Box::new(e),
         };
-        let db = ReopeningDb::open(path).map_err(fail)?;
+        let db = ReopeningDb::open(path, Some(cache_bytes)).map_err(fail)?;
         let store = Store {
             db,
             path: path.to_path_buf(),
@@ -603,14 +607,43 @@ impl Store {
         Ok(outcome)
     }
 
-    /// Every row of every tensor (for the SQL `rois` table), at most `limit`.
-    pub fn all(&self, limit: usize) -> Result<Vec<(String, String, StoredRoi)>, StoreError> {
+    /// How many annotations the store holds (every tensor's; one read of the table's
+    /// header).
+    pub fn count(&self) -> Result<u64, StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.db_err(e))?;
         let rois = tx.open_table(ROIS).map_err(|e| self.db_err(e))?;
+        rois.len().map_err(|e| self.db_err(e))
+    }
+
+    /// The annotations after key `after` (from the first when `None`), in key order
+    /// (tensor, then id): as many as fit `max_bytes` of stored records (at least one), at
+    /// most `max_rows`. The SQL `rois` table reads the store page by page this way, each
+    /// page in a read transaction of its own.
+    pub fn page(
+        &self,
+        after: Option<&(String, String)>,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, String, StoredRoi)>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let rois = tx.open_table(ROIS).map_err(|e| self.db_err(e))?;
+        let range = match after {
+            Some((tensor, id)) => rois.range::<(&str, &str)>((
+                std::ops::Bound::Excluded((tensor.as_str(), id.as_str())),
+                std::ops::Bound::Unbounded,
+            )),
+            None => rois.range::<(&str, &str)>(..),
+        }
+        .map_err(|e| self.db_err(e))?;
         let mut out = Vec::new();
-        for entry in rois.iter().map_err(|e| self.db_err(e))?.take(limit) {
+        let mut bytes = 0usize;
+        for entry in range {
+            if out.len() >= max_rows || (bytes >= max_bytes && !out.is_empty()) {
+                break;
+            }
             let (key, value) = entry.map_err(|e| self.db_err(e))?;
             let (tensor, id) = key.value();
+            bytes += value.value().len();
             out.push((
                 tensor.to_string(),
                 id.to_string(),
@@ -645,7 +678,7 @@ mod tests {
 
     fn store() -> Result<(tempfile::TempDir, Store), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let store = Store::open(&dir.path().join("rois.redb"))?;
+        let store = Store::open(&dir.path().join("rois.redb"), DEFAULT_CACHE_BYTES)?;
         Ok((dir, store))
     }
 
@@ -659,7 +692,7 @@ mod tests {
         cap: u64,
         now_ms: i64,
     ) -> Result<PutOutcome, StoreError> {
-        let mut n = store.all(usize::MAX)?.len();
+        let mut n = usize::try_from(store.count()?).unwrap_or(usize::MAX);
         let batch = Batch {
             array_id,
             source_url,
@@ -720,6 +753,34 @@ mod tests {
         let clipped = store.list("img", "", 1)?;
         assert!(clipped.truncated);
         assert_eq!(clipped.rois.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn pages_walk_every_tensor_in_key_order() -> Result<(), Box<dyn std::error::Error>> {
+        let (_dir, store) = store()?;
+        for (tensor, ids) in [("b", ["2", "1"]), ("a", ["9", "3"])] {
+            let rows = ids.iter().map(|id| roi(Some(id), "s", 0)).collect();
+            put(&store, tensor, "u", rows, false, 10, 1)?;
+        }
+        assert_eq!(store.count()?, 4);
+        let mut after = None;
+        let mut seen = Vec::new();
+        loop {
+            let page = store.page(after.as_ref(), 3, usize::MAX)?;
+            let Some((tensor, id, _)) = page.last() else {
+                break;
+            };
+            after = Some((tensor.clone(), id.clone()));
+            seen.push(
+                page.iter()
+                    .map(|(t, i, _)| format!("{t}/{i}"))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(seen, vec![vec!["a/3", "a/9", "b/1"], vec!["b/2"]]);
+        // A page holds at least one record, however small its byte budget.
+        assert_eq!(store.page(None, 10, 1)?.len(), 1);
         Ok(())
     }
 
@@ -848,7 +909,7 @@ mod tests {
         assert!(store.prune(500, 10_000, false, &served)?.unseen.is_empty());
         drop(store);
         // Durable: a reopened store answers the same, then applies.
-        let store = Store::open(&dir.path().join("rois.redb"))?;
+        let store = Store::open(&dir.path().join("rois.redb"), DEFAULT_CACHE_BYTES)?;
         let applied = store.prune(5_000, 10_000, true, &served)?;
         assert_eq!(applied.deleted, 1);
         assert!(store.list("gone", "", 10)?.rois.is_empty());

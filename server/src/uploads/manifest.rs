@@ -67,7 +67,7 @@ impl Manifest {
     /// Opens (creating) the manifest at `path`.
     pub fn open(path: &Path) -> Result<Manifest, ManifestError> {
         let manifest = Manifest {
-            db: ReopeningDb::open(path)?,
+            db: ReopeningDb::open(path, None)?,
         };
         manifest.write(|tx| {
             tx.open_table(UPLOADS)?;

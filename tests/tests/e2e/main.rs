@@ -20,6 +20,7 @@
 //! bytes. `both_plans_serve_the_same_bytes` reads one tensor through both plans of one
 //! learning server.
 
+mod annotations_stay_within_memory_bounds;
 mod both_plans_serve_the_same_bytes;
 mod cache_files_are_private_unless_shared;
 mod catalog_bounds;
@@ -55,6 +56,7 @@ mod sources_never_leave_their_roots;
 mod stalled_streams_are_closed_and_unpinned;
 mod token_is_enforced;
 mod unknown_ids_and_actions_are_classified;
+mod unread_catalog_and_roi_replies_are_closed_and_unpinned;
 mod unread_do_get_streams_hold_no_server_memory;
 mod warm_fills_the_cache;
 mod watched_directory_tracks_files;

@@ -25,6 +25,15 @@ async fn calls_need_the_token() {
             .unwrap_err(),
     );
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    // GetSchema (of a tensor, and of a catalog table) is gated like every other call.
+    for descriptor in [
+        arrow_flight::FlightDescriptor::new_path(vec!["t".to_string()]),
+        arrow_flight::FlightDescriptor::new_path(vec!["sources".to_string()]),
+        read_descriptor("t", None),
+    ] {
+        let status = status_of(anonymous.get_schema(descriptor).await.unwrap_err());
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status}");
+    }
     let mut wrong = server.client_with_token("s3cret-token_0123456780").await;
     let status = status_of(
         wrong
