@@ -16,6 +16,7 @@
 //! max_pinned = "1GiB"                    # bytes unread replies may hold, all peers
 //! max_pinned_per_connection = "512MiB"   # bytes unread replies may hold, one connection
 //! stream_idle_timeout = "60s"            # a reply idle this long closes its connection
+//! max_scaled_decode_memory = "512MiB"    # memory scaled (downsampled) decodes hold, all together
 //!
 //! [cache]
 //! kind = "file"                          # or "memory"
@@ -60,7 +61,9 @@ use serde::Deserialize;
 use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
 
-use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
+use crate::chunks::{
+    DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
+};
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::pins::PinLimits;
 use crate::route::LoopbackPlans;
@@ -234,6 +237,8 @@ pub struct ConfigFile {
     pub state_dir: Option<PathBuf>,
     /// Longest lifetime of an upload to the scratch source (a duration).
     pub upload_max_ttl: Option<String>,
+    /// Memory all scaled decodes together may hold, as a size string.
+    pub max_scaled_decode_memory: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -391,6 +396,10 @@ pub struct ServeArgs {
     /// asks for none, e.g. 168h [default: 168h].
     #[arg(long, env = "TESSERA_UPLOAD_MAX_TTL", value_name = "DURATION")]
     pub upload_max_ttl: Option<String>,
+    /// Memory that scaled (downsampled) decodes may hold, all together; a scaled chunk
+    /// waits for its share, and one that alone needs more is refused [default: 512MiB].
+    #[arg(long, env = "TESSERA_MAX_SCALED_DECODE_MEMORY", value_name = "SIZE")]
+    pub max_scaled_decode_memory: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -456,6 +465,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
     pub upload_max_ttl: Duration,
+    /// Memory scaled decodes may hold, all together (`max_scaled_decode_memory`).
+    pub max_scaled_decode_bytes: u64,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -500,6 +511,7 @@ impl ServeConfig {
             writable: false,
             state_dir: default_state_dir(),
             upload_max_ttl: DEFAULT_UPLOAD_MAX_TTL,
+            max_scaled_decode_bytes: DEFAULT_MAX_SCALED_DECODE_BYTES,
         }
     }
 
@@ -661,6 +673,18 @@ impl ServeConfig {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
         };
+        let max_scaled_decode_bytes = match args
+            .max_scaled_decode_memory
+            .or(file.max_scaled_decode_memory)
+        {
+            Some(s) => parse_size(&s)?,
+            None => DEFAULT_MAX_SCALED_DECODE_BYTES,
+        };
+        if max_scaled_decode_bytes < 16 << 20 {
+            return Err(ConfigError::Invalid(format!(
+                "max_scaled_decode_memory {max_scaled_decode_bytes} bytes is under 16MiB: no scaled chunk could be computed"
+            )));
+        }
         Ok(ServeConfig {
             paths,
             listen,
@@ -702,6 +726,7 @@ impl ServeConfig {
                 .or(file.state_dir)
                 .unwrap_or_else(default_state_dir),
             upload_max_ttl,
+            max_scaled_decode_bytes,
         })
     }
 }
