@@ -18,6 +18,7 @@
 //! max_pinned = "1GiB"                    # bytes unread replies may hold, all peers
 //! max_pinned_per_connection = "512MiB"   # bytes unread replies may hold, one connection
 //! stream_idle_timeout = "60s"            # a reply idle this long closes its connection
+//! max_scaled_decode_memory = "512MiB"    # memory scaled (downsampled) decodes hold, all together
 //!
 //! [cache]
 //! kind = "file"                          # or "memory"
@@ -68,7 +69,9 @@ use serde::Deserialize;
 use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
 
-use crate::chunks::{DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW};
+use crate::chunks::{
+    DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
+};
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::listener::SeatLimits;
 use crate::pins::PinLimits;
@@ -277,6 +280,8 @@ pub struct ConfigFile {
     pub max_open_sources: Option<usize>,
     /// Page cache of the annotation database, as a size string.
     pub annotation_cache: Option<String>,
+    /// Memory all scaled decodes together may hold, as a size string.
+    pub max_scaled_decode_memory: Option<String>,
 }
 
 /// One `[[source]]` table of the config file.
@@ -489,6 +494,10 @@ pub struct ServeArgs {
     /// table reads every page through it [default: 32MiB].
     #[arg(long, env = "TESSERA_ANNOTATION_CACHE", value_name = "SIZE")]
     pub annotation_cache: Option<String>,
+    /// Memory that scaled (downsampled) decodes may hold, all together; a scaled chunk
+    /// waits for its share, and one that alone needs more is refused [default: 512MiB].
+    #[arg(long, env = "TESSERA_MAX_SCALED_DECODE_MEMORY", value_name = "SIZE")]
+    pub max_scaled_decode_memory: Option<String>,
 }
 
 /// The effective configuration of a server.
@@ -571,6 +580,8 @@ pub struct ServeConfig {
     pub max_open_sources: usize,
     /// Page cache of the annotation database (`annotation_cache`).
     pub annotation_cache_bytes: u64,
+    /// Memory scaled decodes may hold, all together (`max_scaled_decode_memory`).
+    pub max_scaled_decode_bytes: u64,
 }
 
 /// Where the TLS certificate chain and its private key are.
@@ -626,6 +637,7 @@ impl ServeConfig {
             max_sources: DEFAULT_MAX_SOURCES,
             max_open_sources: DEFAULT_MAX_OPEN,
             annotation_cache_bytes: DEFAULT_ANNOTATION_CACHE_BYTES,
+            max_scaled_decode_bytes: DEFAULT_MAX_SCALED_DECODE_BYTES,
         }
     }
 
@@ -859,6 +871,18 @@ impl ServeConfig {
             Some(s) => parse_size(&s)?,
             None => DEFAULT_CACHE_MAX_BYTES,
         };
+        let max_scaled_decode_bytes = match args
+            .max_scaled_decode_memory
+            .or(file.max_scaled_decode_memory)
+        {
+            Some(s) => parse_size(&s)?,
+            None => DEFAULT_MAX_SCALED_DECODE_BYTES,
+        };
+        if max_scaled_decode_bytes < 16 << 20 {
+            return Err(ConfigError::Invalid(format!(
+                "max_scaled_decode_memory {max_scaled_decode_bytes} bytes is under 16MiB: no scaled chunk could be computed"
+            )));
+        }
         Ok(ServeConfig {
             paths,
             listen,
@@ -911,6 +935,7 @@ impl ServeConfig {
             max_sources,
             max_open_sources,
             annotation_cache_bytes,
+            max_scaled_decode_bytes,
         })
     }
 }

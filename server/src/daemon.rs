@@ -35,7 +35,8 @@ const MAX_DECODE_BYTES: usize = 16 << 20;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Deadline of every call (a shorter `grpc-timeout` from the client wins): time to plan, or to
 /// decode a cold chunk and send its response headers. A caller that gives up frees its task;
-/// a decode already running on the blocking pool still finishes and is cached for the next call.
+/// a full-resolution decode already running on the blocking pool still finishes and is cached
+/// for the next call; a scaled one stops at its next piece once no caller waits for it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Concurrent HTTP/2 streams one connection may hold open. Each `do_get` stream holds at most
 /// one encoded chunk, so this bounds what one connection can pin in memory.
@@ -169,6 +170,7 @@ impl Daemon {
         let chunks = ChunkService::new(store, config.memory_cache_bytes, decoders)
             .with_read_ahead(config.read_ahead_bytes)
             .with_settle_window(config.settle_window)
+            .with_scaled_decode_budget(config.max_scaled_decode_bytes)
             .with_metrics(metrics.clone());
         let chunks = Arc::new(chunks);
         let state = Arc::new(

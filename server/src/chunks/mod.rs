@@ -37,6 +37,7 @@
 //! backoff before the next try ([`writes`]); a full disk also makes the store evict below
 //! its budget, so the try after the pause finds room.
 
+mod budget;
 mod buffers;
 mod memory;
 mod readahead;
@@ -49,7 +50,7 @@ mod writes;
 use std::collections::HashSet;
 use std::fs::File;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -64,6 +65,8 @@ use crate::metrics::Metrics;
 use crate::scaled::reduce::{self, ReduceError};
 use crate::source::npy::NpyError;
 use crate::source::registry::Tensor;
+pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
+use budget::{BudgetError, DecodeBudget, Reserved};
 use buffers::BufferPool;
 use memory::MemoryCache;
 pub use memory::MemoryStore;
@@ -138,6 +141,8 @@ pub struct ChunkService {
     recuts: AtomicU64,
     /// Where decode and write latencies are recorded.
     metrics: Metrics,
+    /// What scaled decodes running together may hold.
+    scaled_budget: DecodeBudget,
 }
 
 impl ChunkService {
@@ -160,7 +165,16 @@ impl ChunkService {
             read_aheads: AtomicU64::new(0),
             recuts: AtomicU64::new(0),
             metrics: Metrics::default(),
+            scaled_budget: DecodeBudget::new(DEFAULT_MAX_SCALED_DECODE_BYTES),
         }
+    }
+
+    /// Sets the memory all scaled decodes together may hold (default
+    /// [`DEFAULT_MAX_SCALED_DECODE_BYTES`]): a scaled decode waits until its share is free,
+    /// and one that alone needs more is refused UNAVAILABLE.
+    pub fn with_scaled_decode_budget(mut self, bytes: u64) -> Self {
+        self.scaled_budget = DecodeBudget::new(bytes);
+        self
     }
 
     /// Sets the read-ahead budget in bytes (0 turns read-ahead off). The default,
@@ -381,10 +395,17 @@ impl ChunkService {
                     let permit = service.decode_permits.acquire().await.map_err(|_| {
                         ServiceError::Unavailable("the server is shutting down".to_string())
                     })?;
+                    // Held by the decode itself, so it is given back when the decode ends.
+                    let reserved = service.reserve_scaled(&tensor, &id).await?;
+                    // Set when this future is dropped: nobody waits for the chunk any more,
+                    // so a scaled decode stops at its next piece.
+                    let abandoned = StopOnDrop::default();
+                    let stop = abandoned.flag();
                     let worker = service.clone();
                     let result = tokio::task::spawn_blocking(move || {
+                        let _reserved = reserved;
                         let started = std::time::Instant::now();
-                        let result = worker.decode_and_store(&tensor, &id);
+                        let result = worker.decode_and_store(&tensor, &id, &stop);
                         worker.metrics.record_decode(started.elapsed());
                         result
                     })
@@ -402,9 +423,48 @@ impl ChunkService {
         result
     }
 
+    /// For a scaled chunk, reserves what computing it may hold from the scaled-decode
+    /// budget (waiting for room); `None` for a full-resolution chunk.
+    async fn reserve_scaled(
+        &self,
+        tensor: &Tensor,
+        id: &ChunkId,
+    ) -> ServiceResult<Option<Reserved>> {
+        let Some(scale) = id.scale() else {
+            return Ok(None);
+        };
+        let out_bytes = scale
+            .reduced(&id.region().shape())
+            .iter()
+            .fold(tensor.itemsize(), |acc, &d| acc.saturating_mul(d));
+        let needed = reduce::decode_bytes(out_bytes);
+        match self.scaled_budget.reserve(needed).await {
+            Ok(reserved) => Ok(Some(reserved)),
+            Err(BudgetError::OverBudget { needed, max }) => {
+                Err(ServiceError::Unavailable(format!(
+                    "a scaled chunk of '{}' needs {} MiB of server memory to compute, more than the \
+                 server's whole scaled-decode budget of {} MiB (--max-scaled-decode-memory, \
+                 TESSERA_MAX_SCALED_DECODE_MEMORY, max_scaled_decode_memory); raise it, or \
+                 read with a smaller chunk target",
+                    id.array_id(),
+                    needed.div_ceil(1 << 20),
+                    max >> 20
+                )))
+            }
+            Err(BudgetError::Closed) => Err(ServiceError::Unavailable(
+                "the server is shutting down".to_string(),
+            )),
+        }
+    }
+
     /// Blocking: read the region from the source (reducing it, for a scaled chunk) and
-    /// append it to the cache.
-    fn decode_and_store(&self, tensor: &Tensor, id: &ChunkId) -> ServiceResult<Materialized> {
+    /// append it to the cache. A scaled chunk's computation stops once `stop` is set.
+    fn decode_and_store(
+        &self,
+        tensor: &Tensor,
+        id: &ChunkId,
+        stop: &AtomicBool,
+    ) -> ServiceResult<Materialized> {
         let key = id.segment_key();
         let shape = match id.scale() {
             None => id.region().shape(),
@@ -499,9 +559,17 @@ impl ChunkService {
                 id.region(),
                 scale,
                 buffer.as_mut_slice(),
+                stop,
             )
             .map_err(|e| match e {
                 ReduceError::Source(e) => source_error(e),
+                ReduceError::Cancelled => {
+                    tracing::debug!(array_id = id.array_id(), chunk = ?id.region(), "scaled decode stopped: nobody waits for it");
+                    ServiceError::Unavailable(format!(
+                        "the scaled chunk of '{}' was abandoned: its callers are gone",
+                        id.array_id()
+                    ))
+                }
                 other => ServiceError::Internal(format!(
                     "reducing a chunk of '{}': {other}",
                     tensor.source_id
@@ -557,6 +625,23 @@ impl ChunkService {
         if let Err(err) = self.store.close() {
             tracing::error!(error = %err, "sealing the segment store failed");
         }
+    }
+}
+
+/// A stop flag set when its holder (a decode's waiting future) is dropped.
+#[derive(Default)]
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl StopOnDrop {
+    /// The flag the decode checks.
+    fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0)
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 

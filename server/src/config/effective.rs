@@ -80,6 +80,10 @@ pub fn render(config: &ServeConfig) -> String {
         "stream_idle_timeout".into(),
         Value::String(format_duration(config.pins.stream_idle_timeout)),
     );
+    top.insert(
+        "max_scaled_decode_memory".into(),
+        Value::String(format_size(config.max_scaled_decode_bytes)),
+    );
     top.insert("watch".into(), Value::Boolean(config.watch));
     top.insert(
         "watch_interval".into(),

@@ -81,19 +81,26 @@ where
     }
 }
 
-/// One line per failed call: server faults at error, unavailability at warn, the
-/// caller's mistakes (unknown id, bad ticket, missing token) at info.
+/// One line per failed call: server faults at error; unavailability at warn and the
+/// caller's mistakes (unknown id, bad ticket, missing token) at info, one line per method
+/// and code every [`super::quiet::WINDOW`] (the rest at debug), so a client repeating a
+/// refused call cannot fill the log.
 fn log_failure(method: &str, status: &tonic::Status) {
     let code = code_name(status.code());
     let cause = status.message();
+    if matches!(status.code(), Code::Internal | Code::DataLoss) {
+        tracing::error!(method, code, cause, "call failed");
+        return;
+    }
+    let Some(held_back) = super::quiet::admit(&format!("call failed {method} {code}")) else {
+        tracing::debug!(method, code, cause, "call failed");
+        return;
+    };
     match status.code() {
-        Code::Internal | Code::DataLoss => {
-            tracing::error!(method, code, cause, "call failed");
-        }
         Code::Unavailable | Code::ResourceExhausted => {
-            tracing::warn!(method, code, cause, "call failed");
+            tracing::warn!(method, code, cause, held_back, "call failed");
         }
-        _ => tracing::info!(method, code, cause, "call failed"),
+        _ => tracing::info!(method, code, cause, held_back, "call failed"),
     }
 }
 

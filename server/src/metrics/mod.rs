@@ -18,6 +18,7 @@
 //! The text is the Prometheus exposition format 0.0.4 ([`CONTENT_TYPE`]).
 
 mod metered;
+pub mod quiet;
 
 use std::sync::Arc;
 use std::time::Duration;

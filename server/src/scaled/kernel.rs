@@ -22,6 +22,93 @@ pub(super) trait Work: Copy {
     fn divide(sum: Self, n: u64) -> Self;
     /// The sum of a contiguous run in numpy's pairwise order (without the leading `0 +`).
     fn pairwise(values: &[Self]) -> Self;
+    /// Where numpy splits a run of `n` terms in two halves it sums apart (`Some(left
+    /// length)`), or `None` when it sums the run as one leaf ([`Work::pairwise`]).
+    fn split(n: usize) -> Option<usize>;
+}
+
+/// The split of a run of `n` reals: past 128 terms, near the middle at a multiple of 8.
+fn split_real(n: usize) -> Option<usize> {
+    (n > 128).then(|| {
+        let half = n / 2;
+        half - half % 8
+    })
+}
+
+/// The split of a run of `n` complex numbers: numpy splits the `2n` floats like reals.
+fn split_complex(n: usize) -> Option<usize> {
+    (n > 64).then(|| (n - n % 8) / 2)
+}
+
+/// numpy's pairwise sum of a run fed one term at a time, in bounded memory: the run's
+/// split tree is known from its length, so finished leaves are summed at once and kept
+/// only as the partial sums of their open ancestors (at most one per level). The result
+/// is [`Work::pairwise`] of the whole run, bit for bit.
+pub(super) struct Pairwise<W> {
+    /// The terms of the leaf being filled.
+    leaf: Vec<W>,
+    /// How many terms the current leaf has.
+    leaf_len: usize,
+    /// Open splits, outermost first: the right half's length, and the left half's sum
+    /// once it is known.
+    open: Vec<(usize, Option<W>)>,
+    /// The run's sum, once its last term is in.
+    done: Option<W>,
+}
+
+impl<W: Work> Pairwise<W> {
+    /// An empty sum; [`Pairwise::start`] gives it a length.
+    pub(super) fn new() -> Self {
+        Self {
+            leaf: Vec::new(),
+            leaf_len: 0,
+            open: Vec::new(),
+            done: None,
+        }
+    }
+
+    /// Starts a run of `n` terms (forgetting any unfinished one).
+    pub(super) fn start(&mut self, n: usize) {
+        self.leaf.clear();
+        self.open.clear();
+        self.done = None;
+        self.descend(n);
+    }
+
+    /// Opens the splits of a subtree of `n` terms down to its first leaf.
+    fn descend(&mut self, mut n: usize) {
+        while let Some(left) = W::split(n) {
+            self.open.push((n - left, None));
+            n = left;
+        }
+        self.leaf_len = n;
+    }
+
+    /// Adds the next term of the run.
+    pub(super) fn push(&mut self, value: W) {
+        self.leaf.push(value);
+        if self.leaf.len() < self.leaf_len {
+            return;
+        }
+        let mut sum = W::pairwise(&self.leaf);
+        self.leaf.clear();
+        while let Some((right, left)) = self.open.pop() {
+            match left {
+                Some(left) => sum = left.add(sum),
+                None => {
+                    self.open.push((right, Some(sum)));
+                    self.descend(right);
+                    return;
+                }
+            }
+        }
+        self.done = Some(sum);
+    }
+
+    /// The run's pairwise sum (all its terms pushed), without the leading `0 +`.
+    pub(super) fn finish(&mut self) -> W {
+        self.done.take().unwrap_or_else(|| W::pairwise(&self.leaf))
+    }
 }
 
 /// numpy's pairwise sum of a run of reals: under 8 terms one after another; up to 128
@@ -70,6 +157,9 @@ impl Work for f32 {
     fn pairwise(values: &[Self]) -> Self {
         pairwise_real(values, -0.0, |a, b| a + b)
     }
+    fn split(n: usize) -> Option<usize> {
+        split_real(n)
+    }
 }
 
 impl Work for f64 {
@@ -82,6 +172,9 @@ impl Work for f64 {
     }
     fn pairwise(values: &[Self]) -> Self {
         pairwise_real(values, -0.0, |a, b| a + b)
+    }
+    fn split(n: usize) -> Option<usize> {
+        split_real(n)
     }
 }
 
@@ -155,6 +248,9 @@ impl Work for Complex<f32> {
     fn pairwise(values: &[Self]) -> Self {
         pairwise_complex(values, -0.0, |a, b| a + b)
     }
+    fn split(n: usize) -> Option<usize> {
+        split_complex(n)
+    }
 }
 
 impl Work for Complex<f64> {
@@ -171,6 +267,9 @@ impl Work for Complex<f64> {
     }
     fn pairwise(values: &[Self]) -> Self {
         pairwise_complex(values, -0.0, |a, b| a + b)
+    }
+    fn split(n: usize) -> Option<usize> {
+        split_complex(n)
     }
 }
 
@@ -362,6 +461,41 @@ mod tests {
         let expect =
             ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])) + v[8] + v[9];
         assert_eq!(f32::pairwise(&v), expect);
+    }
+
+    /// A run fed term by term sums to numpy's pairwise sum of the whole run, bit for bit,
+    /// across leaf sizes and split depths (reals split past 128 terms, complex past 64).
+    #[test]
+    fn streamed_pairwise_sums_equal_the_whole_run() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / 3.7 - 1000.0
+        };
+        let mut real = Pairwise::<f32>::new();
+        let mut complex = Pairwise::<Complex<f64>>::new();
+        for n in (1..300).chain([1000, 1031, 4096, 10_007, 70_001]) {
+            let values: Vec<f32> = (0..n).map(|_| next()).collect();
+            real.start(n);
+            values.iter().for_each(|&v| real.push(v));
+            assert_eq!(
+                real.finish().to_bits(),
+                f32::pairwise(&values).to_bits(),
+                "{n}"
+            );
+            let pairs: Vec<Complex<f64>> = values
+                .chunks(2)
+                .map(|c| Complex {
+                    re: f64::from(c[0]) * 1e-3,
+                    im: f64::from(c[c.len() - 1]),
+                })
+                .collect();
+            complex.start(pairs.len());
+            pairs.iter().for_each(|&v| complex.push(v));
+            assert_eq!(complex.finish(), Complex::<f64>::pairwise(&pairs), "{n}");
+        }
     }
 
     #[test]

@@ -67,9 +67,16 @@ impl Method {
             "" | "nearest" | "stride" | "decimate" => Ok(Method::Nearest),
             "area" | "mean" => Ok(Method::Area),
             "linear" => {
-                tracing::warn!(
-                    "reduction_method 'linear' is deprecated and no longer supported; using 'area'"
-                );
+                // Once per window: every request of an old client says it.
+                match crate::metrics::quiet::admit("reduction_method linear") {
+                    Some(held_back) => tracing::warn!(
+                        held_back,
+                        "reduction_method 'linear' is deprecated and no longer supported; using 'area'"
+                    ),
+                    None => tracing::debug!(
+                        "reduction_method 'linear' is deprecated and no longer supported; using 'area'"
+                    ),
+                }
                 Ok(Method::Area)
             }
             "precompute" | "precomputed" => Err(ScaleError::Precompute {

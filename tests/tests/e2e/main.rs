@@ -50,6 +50,7 @@ mod metrics_endpoint_counts_reads;
 mod over_long_array_ids_are_refused_by_length;
 mod plan_tiles_whole_tensor;
 mod rewritten_source_gets_new_ids;
+mod scaled_reads_are_bounded_and_stop_with_their_caller;
 mod sequential_reads_decode_ahead;
 mod slice_is_snapped_and_crops_right;
 mod sources_never_leave_their_roots;
