@@ -4,7 +4,8 @@
 //! Ids are derived from paths (docs: the id rule in [`super::registry`]); two paths can
 //! derive the same id (`a b.npy` and `a_b.npy` both make `a_b`). The first file to get an id
 //! keeps it; a later file with the same derived id gets the next free `-N` suffix, whatever
-//! the order the files are listed or added in afterwards. With a state directory the book is
+//! the order the files are listed or added in afterwards, for as long as the first file
+//! exists (an id whose file is gone is free again). With a state directory the book is
 //! kept on disk (`source_ids`, one JSON line per id given) so ids survive a restart; without
 //! one it lives as long as the process.
 
@@ -48,7 +49,11 @@ impl IdBook {
             Err(err) => return Err(err),
         };
         for line in std::io::BufReader::new(text).lines() {
-            if let Ok(given) = serde_json::from_str::<Given>(&line?) {
+            // An id whose file is gone is free again: its file cannot come back under
+            // another name, and a folder moved elsewhere keeps its ids.
+            if let Ok(given) = serde_json::from_str::<Given>(&line?)
+                && given.path.exists()
+            {
                 book.note(given.id, given.path);
             }
         }
@@ -90,7 +95,7 @@ impl IdBook {
         }
         let mut id = base.to_string();
         let mut n = 1;
-        while in_use(&id) || self.by_id.get(&id).is_some_and(|p| p != path) {
+        while in_use(&id) || self.by_id.get(&id).is_some_and(|p| p != path && p.exists()) {
             n += 1;
             id = format!("{base}-{n}");
         }
