@@ -1351,14 +1351,14 @@ mod tests {
         assert_eq!(config.runtime.max_files, 7);
         assert!(!config.follow_links_outside);
         assert_eq!(config.max_sources, DEFAULT_MAX_SOURCES);
-        let config = resolve_file(
+        let limits = resolve_file(
             "follow_links_outside = true\nmax_sources = 9\nmax_open_sources = 3\n",
             ServeArgs::default(),
         )
         .unwrap();
-        assert!(config.follow_links_outside);
-        assert_eq!(config.max_sources, 9);
-        assert_eq!(config.max_open_sources, 3);
+        assert!(limits.follow_links_outside);
+        assert_eq!(limits.max_sources, 9);
+        assert_eq!(limits.max_open_sources, 3);
         let supplied = config.sources()[0].options.supplied.clone().unwrap();
         assert_eq!(supplied.physical_scale, Some(vec![0.5, 0.1]));
         assert_eq!(supplied.metadata.as_ref().unwrap()["objective"], "60x");

@@ -152,12 +152,23 @@ mod tests {
     fn ids_stay_with_their_files_on_disk() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("source_ids");
+        let first = dir.path().join("a_b.npy");
+        let second = dir.path().join("a b.npy");
+        std::fs::write(&first, b"").unwrap();
+        std::fs::write(&second, b"").unwrap();
         let mut book = IdBook::load(&file).unwrap();
         let never = |_: &str| false;
-        assert_eq!(book.assign("a_b", Path::new("/d/a_b.npy"), never), "a_b");
+        assert_eq!(book.assign("a_b", &first, never), "a_b");
         book.flush();
         let mut book = IdBook::load(&file).unwrap();
-        assert_eq!(book.assign("a_b", Path::new("/d/a b.npy"), never), "a_b-2");
-        assert_eq!(book.assign("a_b", Path::new("/d/a_b.npy"), never), "a_b");
+        assert_eq!(book.assign("a_b", &second, never), "a_b-2");
+        assert_eq!(book.assign("a_b", &first, never), "a_b");
+        // Once its file is gone, an id is free again (after a restart too).
+        book.flush();
+        std::fs::remove_file(&first).unwrap();
+        let third = dir.path().join("a-b.npy");
+        std::fs::write(&third, b"").unwrap();
+        let mut book = IdBook::load(&file).unwrap();
+        assert_eq!(book.assign("a_b", &third, never), "a_b");
     }
 }
