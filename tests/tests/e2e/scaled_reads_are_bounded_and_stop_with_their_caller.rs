@@ -63,7 +63,12 @@ async fn one_element_of_a_256gib_tensor_is_bounded_and_stops_with_its_caller() {
     const SIDE: u64 = 1 << 19;
     let sources = tempfile::tempdir().unwrap();
     sparse_npy(&sources.path().join("big.npy"), "|u1", &[SIDE, SIDE], 1);
-    let server = ServerProcess::spawn(&[sources.path().as_os_str()]);
+    let cache = tempfile::tempdir().unwrap();
+    let server = ServerProcess::spawn(&[
+        sources.path().as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.path().as_os_str(),
+    ]);
     let mut client = server.client().await;
     let side = SIDE as i64;
     let info = client
@@ -197,8 +202,11 @@ async fn a_z_mean_of_a_stack_is_summed_in_bounded_pieces() {
 async fn a_scaled_chunk_over_the_decode_budget_is_refused_naming_it() {
     let sources = tempfile::tempdir().unwrap();
     sparse_npy(&sources.path().join("v.npy"), "|u1", &[8, 4096, 4096], 1);
+    let cache = tempfile::tempdir().unwrap();
     let server = ServerProcess::spawn(&[
         sources.path().as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.path().as_os_str(),
         "--chunk-target".as_ref(),
         "16MiB".as_ref(),
         "--max-scaled-decode-memory".as_ref(),
@@ -248,7 +256,12 @@ async fn a_deprecated_method_is_warned_about_once_not_per_request() {
         &[8, 8],
         &pattern(64, 3),
     );
-    let server = ServerProcess::spawn(&[sources.path().as_os_str()]);
+    let cache = tempfile::tempdir().unwrap();
+    let server = ServerProcess::spawn(&[
+        sources.path().as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.path().as_os_str(),
+    ]);
     let mut client = server.client().await;
     for _ in 0..5 {
         client
