@@ -257,6 +257,31 @@ impl Drop for ServerProcess {
     }
 }
 
+/// A `kB` field of `/proc/PID/status` (`"VmHWM:"`, the peak resident memory; `"VmRSS:"`),
+/// in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|v| {
+            v.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
+        })
+        .unwrap_or_else(|| panic!("/proc/{pid}/status has no {field} line"))
+}
+
+/// User plus system CPU of `pid`, in clock ticks (`utime` and `stime` of `/proc/PID/stat`).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// `Anonymous:` of `/proc/PID/smaps_rollup`, in bytes.
 pub fn anonymous_rss(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();

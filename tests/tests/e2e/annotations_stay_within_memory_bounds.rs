@@ -16,7 +16,7 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{FlightClient, FlightDescriptor, PutResult, Ticket};
 use futures::TryStreamExt;
 use prost::Message;
-use tessera_e2e::process::ServerProcess;
+use tessera_e2e::process::{ServerProcess, status_bytes};
 use tessera_e2e::*;
 use tessera_proto::image_pb::RoiPutResult;
 use tessera_proto::pb::{PutCommand, RoiPut, put_command};
@@ -61,23 +61,6 @@ pub(crate) async fn put_rois(
         Err(e) => return Err(status_of(e)),
     };
     Ok(RoiPutResult::decode(replies[0].app_metadata.clone()).unwrap())
-}
-
-/// `VmRSS` or `VmHWM` of `pid`, in bytes.
-fn status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .map(|v| {
-            v.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-                * 1024
-        })
-        .unwrap()
 }
 
 /// How far the peak RSS of `pid` rose over its RSS while `work` ran (the peak is reset

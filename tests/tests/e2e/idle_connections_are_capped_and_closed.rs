@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use arrow_flight::flight_service_client::FlightServiceClient;
-use tessera_e2e::process::ServerProcess;
+use tessera_e2e::process::{ServerProcess, cpu_ticks};
 use tessera_e2e::*;
 use tessera_test_support::http::http_request_with;
 use tonic::transport::{Channel, Endpoint};
@@ -25,14 +25,6 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .count()
-}
-
-/// User plus system CPU of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_name.split(' ').collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 fn ticks_per_second() -> u64 {

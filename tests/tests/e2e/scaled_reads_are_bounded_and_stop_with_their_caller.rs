@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use tessera_e2e::process::ServerProcess;
+use tessera_e2e::process::{ServerProcess, cpu_ticks, status_bytes};
 use tessera_e2e::*;
 
 /// Peak memory a server may reach serving one of these reads: its own baseline (under
@@ -27,31 +27,6 @@ fn sparse_npy(path: &Path, descr: &str, shape: &[u64], itemsize: u64) -> u64 {
     file.set_len(header + shape.iter().product::<u64>() * itemsize)
         .unwrap();
     header
-}
-
-/// `VmHWM` of `/proc/PID/status`: the process's peak resident memory, in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .map(|v| {
-            v.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-                * 1024
-        })
-        .expect("status has a VmHWM line")
-}
-
-/// CPU time (user + system) the process has used, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// A (2^19, 2^19) u8 tensor averaged to one element: the whole 256 GiB is one block. The
@@ -107,7 +82,7 @@ async fn one_element_of_a_256gib_tensor_is_bounded_and_stops_with_its_caller() {
     }
     assert!(idle, "the server kept computing after the call was gone");
 
-    let peak = peak_rss(server.pid());
+    let peak = status_bytes(server.pid(), "VmHWM:");
     eprintln!(
         "(2^19, 2^19) u8 at [2^19, 2^19]: peak RSS {} MiB",
         peak >> 20
@@ -183,7 +158,7 @@ async fn a_z_mean_of_a_stack_is_summed_in_bounded_pieces() {
         bytes[2 * SIDE as usize..].iter().all(|&b| b == 0),
         "rows past the first"
     );
-    let peak = peak_rss(server.pid());
+    let peak = status_bytes(server.pid(), "VmHWM:");
     eprintln!(
         "z-mean [256,1,1] of (256, 1024, 16384) u16, chunk {shape:?}: peak RSS {} MiB",
         peak >> 20
