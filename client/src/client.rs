@@ -24,13 +24,13 @@ use tessera_proto::ticket::flight_request;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
+use crate::address::ServerAddress;
 use crate::assemble::scatter;
 use crate::cache::ChunkCache;
 use crate::chunk::{ChunkOrigin, ChunkView, view_from_batch};
 use crate::error::ClientError;
 use crate::health::ServerHealth;
 use crate::ipc::{StreamMessage, batch_at, stream_message};
-use crate::location::Location;
 use crate::options::ClientOptions;
 use crate::pins::{InodeKey, PinLedger};
 use crate::plan::{Plan, PlannedChunk, plan_from_info, reply_descriptor};
@@ -120,7 +120,7 @@ struct Counters {
 }
 
 struct Inner {
-    location: Location,
+    address: ServerAddress,
     flight: FlightServiceClient<Channel>,
     auth: Option<MetadataValue<Ascii>>,
     options: ClientOptions,
@@ -151,7 +151,7 @@ impl Client {
     /// `grpc+tls://`, `grpcs://`, `https://` with [`ClientOptions::with_tls_ca_pem`]), then
     /// checks the server's `health` protocol (2 or 3).
     pub async fn connect(location: &str, options: ClientOptions) -> Result<Client, ClientError> {
-        let parsed = Location::parse(location)?;
+        let parsed = ServerAddress::parse(location)?;
         let auth = options
             .token
             .as_deref()
@@ -202,7 +202,7 @@ impl Client {
         let fast_path = options.mmap && parsed.is_loopback();
         let client = Client {
             inner: Arc::new(Inner {
-                location: parsed,
+                address: parsed,
                 flight,
                 auth,
                 fast_path,
@@ -219,7 +219,7 @@ impl Client {
 
     /// The location as given to [`Client::connect`].
     pub fn location(&self) -> &str {
-        &self.inner.location.original
+        &self.inner.address.original
     }
 
     /// The options in force.

@@ -24,6 +24,7 @@
 //! TLS locations (`grpc+tls://`, `grpcs://`) need the server's CA certificate
 //! ([`ClientOptions::with_tls_ca_pem`]); there is no default trust store. The fast path needs Unix (inode numbers).
 
+mod address;
 mod assemble;
 mod cache;
 mod catalog;
@@ -33,7 +34,6 @@ mod dtype;
 mod error;
 mod health;
 mod ipc;
-mod location;
 mod mapping;
 mod npy;
 mod options;

@@ -1,12 +1,12 @@
-//! Flight locations: which scheme, which host, and whether it is loopback.
+//! Server addresses: a Flight location string parsed into its scheme, host and whether it is loopback.
 
 use std::net::IpAddr;
 
 use crate::error::ClientError;
 
-/// A parsed location.
+/// A server address: a Flight location (`grpc://host:port`) parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Location {
+pub struct ServerAddress {
     /// The location as the caller wrote it.
     pub original: String,
     /// The `http://host:port` URI tonic dials.
@@ -17,10 +17,10 @@ pub struct Location {
     pub tls: bool,
 }
 
-impl Location {
+impl ServerAddress {
     /// Parses `grpc://host:port`, `grpc+tcp://host:port`, `http://host:port` or a bare
     /// `host:port` (plaintext), and `grpc+tls://`, `grpcs://` or `https://` (TLS).
-    pub fn parse(location: &str) -> Result<Location, ClientError> {
+    pub fn parse(location: &str) -> Result<ServerAddress, ClientError> {
         let invalid = |reason: &str| ClientError::InvalidLocation {
             location: location.to_string(),
             reason: reason.to_string(),
@@ -56,7 +56,7 @@ impl Location {
                 "an IPv6 host must be written in brackets, e.g. [::1]:8815",
             ));
         }
-        Ok(Location {
+        Ok(ServerAddress {
             original: location.to_string(),
             uri: format!("{}://{host}:{port}", if tls { "https" } else { "http" }),
             host: bare_host.to_string(),
@@ -91,11 +91,11 @@ mod tests {
             "http://127.0.0.1:8815/",
             "127.0.0.1:8815",
         ] {
-            let location = Location::parse(text).unwrap();
+            let location = ServerAddress::parse(text).unwrap();
             assert_eq!(location.uri, "http://127.0.0.1:8815", "{text}");
             assert_eq!(location.host, "127.0.0.1");
         }
-        let v6 = Location::parse("grpc://[::1]:9000").unwrap();
+        let v6 = ServerAddress::parse("grpc://[::1]:9000").unwrap();
         assert_eq!(v6.uri, "http://[::1]:9000");
         assert_eq!(v6.host, "::1");
     }
@@ -103,16 +103,18 @@ mod tests {
     #[test]
     fn tls_schemes_dial_https_and_junk_is_refused_with_reasons() {
         for text in ["grpc+tls://host:1", "grpcs://host:1", "https://host:1"] {
-            let location = Location::parse(text).unwrap();
+            let location = ServerAddress::parse(text).unwrap();
             assert!(location.tls, "{text}");
             assert_eq!(location.uri, "https://host:1");
         }
-        assert!(!Location::parse("grpc://host:1").unwrap().tls);
-        let err = Location::parse("ftp://host:1").unwrap_err().to_string();
+        assert!(!ServerAddress::parse("grpc://host:1").unwrap().tls);
+        let err = ServerAddress::parse("ftp://host:1")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("scheme 'ftp'"), "{err}");
-        let err = Location::parse("grpc://host").unwrap_err().to_string();
+        let err = ServerAddress::parse("grpc://host").unwrap_err().to_string();
         assert!(err.contains("no port"), "{err}");
-        let err = Location::parse("grpc://host:99999")
+        let err = ServerAddress::parse("grpc://host:99999")
             .unwrap_err()
             .to_string();
         assert!(err.contains("99999"), "{err}");
@@ -130,7 +132,7 @@ mod tests {
             ("grpc://0.0.0.0:1", false),
         ] {
             assert_eq!(
-                Location::parse(text).unwrap().is_loopback(),
+                ServerAddress::parse(text).unwrap().is_loopback(),
                 expected,
                 "{text}"
             );
