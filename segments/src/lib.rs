@@ -79,6 +79,7 @@
 mod append;
 mod boot;
 mod budget;
+mod catalog;
 mod copy;
 mod diskfull;
 pub mod error;
@@ -86,14 +87,17 @@ mod evict;
 #[doc(hidden)]
 pub mod fault;
 pub mod fsgate;
+mod health;
 mod index;
 pub mod ipc;
 mod layout;
 mod lockfile;
+mod mailbox;
 mod map;
 pub mod options;
 mod recency;
 mod segment;
+mod shared;
 mod sidecar;
 mod store;
 mod types;
