@@ -65,18 +65,21 @@ impl Catalog {
     }
 
     /// Marks `seg` used now.
+    #[inline]
     pub(crate) fn touch(&self, seg: &Segment) {
         let now = self.tick();
         seg.last_use.fetch_max(now, Ordering::Relaxed);
     }
 
     /// The entry of `key`, without counting or touching anything.
+    #[inline]
     pub(crate) fn get(&self, key: &[u8]) -> Option<IndexEntry> {
         self.index.get(key)
     }
 
     /// The entry of `key` for a reader: counts a hit or a miss and refreshes the segment's
     /// recency.
+    #[inline]
     pub(crate) fn lookup(&self, key: &[u8]) -> Option<IndexEntry> {
         match self.index.get(key) {
             Some(e) => {

@@ -23,6 +23,7 @@ pub(crate) struct IndexEntry {
 
 impl IndexEntry {
     /// The location this entry answers.
+    #[inline]
     pub(crate) fn location(&self) -> Location {
         Location {
             segment_path: self.seg.path.clone(),
