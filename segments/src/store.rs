@@ -30,9 +30,9 @@ const MIN_SEGMENT_BYTES: u64 = 64 << 10;
 /// An append-only Arrow IPC segment store in one cache directory. `Send + Sync`; share it
 /// behind an `Arc`.
 ///
-/// The handle composes the owners: the [`Writer`] (append path), the [`Maintenance`] (seal,
-/// evict, recency) and, under both, the [`Shared`] state (catalog, health, budget). Lookups
-/// and reads go to the catalog directly.
+/// The handle composes the owners: the writer (append path), the maintenance (seal, evict,
+/// recency) and, under both, the shared state (catalog, health, budget). Lookups and reads
+/// go to the catalog directly.
 pub struct Store {
     shared: Arc<Shared>,
     writer: Writer,
