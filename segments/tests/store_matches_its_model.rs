@@ -1,5 +1,5 @@
-//! Model-based: random runs of append, read, locate, maintenance (seal and evict), close,
-//! reopen, torn entry writes and failed directory fsyncs, checked after every step against
+//! Model-based: random runs of append, read, locate, reading every key, maintenance (seal
+//! and evict), close, reopen, torn entry writes and failed directory fsyncs, checked after every step against
 //! a map model of what the store acknowledged. What must hold, whatever the sequence:
 //!
 //! * a located entry reads back whole: the file holds, at its location, a message whose
@@ -60,6 +60,9 @@ enum Op {
     Append(u8),
     Read(u8),
     Locate(u8),
+    /// Read every key, in key order (a client reading a whole tensor again): the segment
+    /// being written may then be the least recently used.
+    ReadAll,
     /// The owner's worker runs: rotated segments are sealed, the cache evicted to budget.
     Maintain,
     /// The next entry write fails after `torn` of its bytes reached the file.
@@ -77,6 +80,7 @@ fn op() -> impl Strategy<Value = Op> {
         10 => (0..KEYS).prop_map(Op::Append),
         3 => (0..KEYS).prop_map(Op::Read),
         3 => (0..KEYS).prop_map(Op::Locate),
+        1 => Just(Op::ReadAll),
         2 => Just(Op::Maintain),
         1 => any::<u16>().prop_map(Op::TearNextWrite),
         1 => Just(Op::FailNextDirSync),
@@ -332,6 +336,11 @@ fn step(h: &mut Harness, model: &mut Model, op: &Op) {
                 "stored key {key} not located"
             ),
         },
+        Op::ReadAll => {
+            for key in 0..KEYS {
+                step(h, model, &Op::Read(key));
+            }
+        }
         Op::Maintain => evicting(h, model, false, Harness::maintain),
         Op::TearNextWrite(torn) => h
             .faults
