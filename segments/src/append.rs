@@ -1,41 +1,48 @@
 //! The append path: deduplication of concurrent appends, shard choice, rotation, the one
 //! vectored write per entry, and sealing on write failure.
 //!
-//! Two ways in: [`Inner::append`] writes data held in memory with one vectored write, and
-//! [`Inner::append_from_file`] copies it from a byte range of another file inside the kernel
+//! Two ways in: [`Writer::append`] writes data held in memory with one vectored write, and
+//! [`Writer::append_from_file`] copies it from a byte range of another file inside the kernel
 //! ([`crate::copy`]). Both share the claim, the rotation, the failure rule and the commit.
+//!
+//! [`Writer`] owns the open segments (one per shard), the segment-id high-water mark and the
+//! keys being written. It asks the budget for admission, hands rotated segments to the
+//! maintenance and seals a segment whose write failed through it; neither calls back here.
 
+use std::collections::HashSet;
 use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::MutexGuard;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::budget::Reservation;
 use crate::copy::{self, CopyFailure};
 use crate::error::StoreError;
+use crate::evict::Maintenance;
 use crate::index::IndexEntry;
 use crate::ipc::EntryBody;
 use crate::layout::{self, DurableError};
 use crate::map;
 use crate::segment::{self, Active};
+use crate::shared::Shared;
 use crate::sidecar::{self, SidecarEntry};
-use crate::store::{Inner, location};
-use crate::types::{EntryMeta, FileRange, Location};
+use crate::types::{EntryMeta, FileRange, Location, StoreStats};
 
 /// Most padding [`EntryBody::message`] may add for alignment.
 const MAX_ALIGN_PAD: u64 = 64;
 
 /// Removes a key from the in-flight set when its append ends (either way).
 struct InFlight<'a> {
-    inner: &'a Inner,
+    writer: &'a Writer,
     key: &'a [u8],
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.inner.inflight.lock().remove(self.key);
-        self.inner.inflight_done.notify_all();
+        self.writer.inflight.lock().remove(self.key);
+        self.writer.inflight_done.notify_all();
     }
 }
 
@@ -61,8 +68,96 @@ struct Placed {
     total: u64,
 }
 
-impl Inner {
+/// The append path of one store.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    maintenance: Arc<Maintenance>,
+    /// Rotation threshold: a segment takes no entry past it.
+    segment_bytes: u64,
+    /// The open segment of each shard (`None` until the first append, or after a seal).
+    shards: Box<[Mutex<Option<Active>>]>,
+    next_shard: AtomicUsize,
+    /// The next segment id (its high-water mark is persisted before use).
+    next_id: Mutex<u64>,
+    /// Keys being written now; a second append of one waits for the first.
+    inflight: Mutex<HashSet<Box<[u8]>>>,
+    inflight_done: Condvar,
+    /// Appends that waited for a concurrent append of the same key.
+    pending_waits: AtomicU64,
+    /// Appends refused as larger than a segment may hold.
+    oversized: AtomicU64,
+}
+
+impl Writer {
+    /// The writer of `shared` with `open_segments` shards, rotating at `segment_bytes`, the
+    /// next segment id being `next_id`.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        maintenance: Arc<Maintenance>,
+        segment_bytes: u64,
+        open_segments: usize,
+        next_id: u64,
+    ) -> Writer {
+        Writer {
+            shared,
+            maintenance,
+            segment_bytes,
+            shards: (0..open_segments.max(1))
+                .map(|_| Mutex::new(None))
+                .collect(),
+            next_shard: AtomicUsize::new(0),
+            next_id: Mutex::new(next_id),
+            inflight: Mutex::new(HashSet::new()),
+            inflight_done: Condvar::new(),
+            pending_waits: AtomicU64::new(0),
+            oversized: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes every shard's open segment, for sealing at close.
+    pub(crate) fn take_open(&self) -> Vec<Active> {
+        self.shards.iter().filter_map(|s| s.lock().take()).collect()
+    }
+
+    /// Fills the writer's figures of `out`.
+    pub(crate) fn fill_stats(&self, out: &mut StoreStats) {
+        out.pending_waits = self.pending_waits.load(Ordering::Relaxed);
+        out.oversized_skips = self.oversized.load(Ordering::Relaxed);
+    }
+
+    /// A failed append: a full disk lowers the budget's ceiling and asks for eviction.
+    fn note_error<T>(&self, appended: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(err) = &appended
+            && self.shared.budget.note_append_error(err)
+        {
+            self.maintenance.wake();
+        }
+        appended
+    }
+
+    /// Appends an entry whose data, in pieces, is held in memory (see [`crate::Store::append`]).
     pub(crate) fn append(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        data: &[&[u8]],
+    ) -> Result<Location, StoreError> {
+        self.note_error(self.append_slices(key, meta, data))
+    }
+
+    /// Appends an entry whose data is `src`'s byte range (see [`Writer::append_copied`]).
+    pub(crate) fn append_from_file<E>(
+        &self,
+        key: &[u8],
+        meta: &EntryMeta,
+        src: FileRange<'_>,
+        check: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Result<Location, E>, StoreError> {
+        self.note_error(self.append_copied(key, meta, src, check))
+    }
+
+    fn append_slices(
         &self,
         key: &[u8],
         meta: &EntryMeta,
@@ -88,7 +183,7 @@ impl Inner {
         if !body.suffix().is_empty() {
             slices.push(IoSlice::new(body.suffix()));
         }
-        let fault = self.fault().map(|f| (f, active.seg.id));
+        let fault = self.shared.fault().map(|f| (f, active.seg.id));
         if let Err(failure) =
             segment::write_vectored_at(&active.file, &mut slices, placed.offset, fault)
         {
@@ -104,7 +199,7 @@ impl Inner {
     /// (short source, I/O error, refused check) seals the segment at its last good entry, so
     /// no entry is ever locatable over torn or refused bytes, and no later boot walk can
     /// find a complete message there either (its header was never written).
-    pub(crate) fn append_from_file<E>(
+    fn append_copied<E>(
         &self,
         key: &[u8],
         meta: &EntryMeta,
@@ -120,7 +215,7 @@ impl Inner {
         // The crc is fixed-width hex in the header, so a placeholder sizes it exactly.
         let (active, mut placed) = self.place(&mut shard, &body, bound, Some(0))?;
         let body_at = placed.offset + placed.message.len() as u64;
-        let fault = self.fault().map(|f| (f, active.seg.id));
+        let fault = self.shared.fault().map(|f| (f, active.seg.id));
         if let Some(f) = fault.and_then(|(f, id)| f.on_entry_write(id, placed.offset, placed.total))
         {
             return Err(self.fail(&mut shard, &placed, 0, f.error));
@@ -185,6 +280,12 @@ impl Inner {
         Ok(Ok(self.commit(active, key, &placed, crc)))
     }
 
+    /// Admits an append of up to `bytes` to the budget (waiting for eviction if need be).
+    fn admit(&self, bytes: u64) -> Reservation<'_> {
+        let wake = || self.maintenance.wake();
+        self.shared.budget.admit(bytes, &self.shared.health, wake)
+    }
+
     /// Refuses what cannot be written, answers an already stored key, or claims the key.
     fn start<'a>(
         &'a self,
@@ -192,10 +293,10 @@ impl Inner {
         meta: &EntryMeta,
         data_len: u64,
     ) -> Result<Start<'a>, StoreError> {
-        self.check_writable()?;
-        if let Some(e) = self.index.get(key) {
-            self.touch(&e.seg);
-            return Ok(Start::Stored(location(&e)));
+        self.shared.health.check_writable()?;
+        if let Some(e) = self.shared.catalog.get(key) {
+            self.shared.catalog.touch(&e.seg);
+            return Ok(Start::Stored(e.location()));
         }
         let body =
             EntryBody::new(key, &meta.shape, &meta.dtype, data_len).map_err(StoreError::from)?;
@@ -204,12 +305,12 @@ impl Inner {
             + body.len();
         let limit = self.max_entry_len();
         if bound > limit {
-            self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+            self.oversized.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::EntryTooLarge {
                 len: bound,
                 reason: format!(
                     "a segment of {} holds entries of at most {limit} bytes",
-                    self.dir.display()
+                    self.shared.dir.display()
                 ),
             });
         }
@@ -221,23 +322,24 @@ impl Inner {
 
     /// Largest encoded entry a segment accepts (a segment must hold at least one).
     fn max_entry_len(&self) -> u64 {
-        self.segment_bytes
-            .saturating_sub(self.schema.len() as u64 + crate::ipc::END_OF_STREAM.len() as u64)
+        self.segment_bytes.saturating_sub(
+            self.shared.schema.len() as u64 + crate::ipc::END_OF_STREAM.len() as u64,
+        )
     }
 
     /// Registers `key` as being written, or waits for a concurrent writer of it.
     fn claim<'a>(&'a self, key: &'a [u8]) -> Claim<'a> {
         let mut set = self.inflight.lock();
         loop {
-            if let Some(e) = self.index.get(key) {
-                self.touch(&e.seg);
-                return Claim::Stored(location(&e));
+            if let Some(e) = self.shared.catalog.get(key) {
+                self.shared.catalog.touch(&e.seg);
+                return Claim::Stored(e.location());
             }
             if !set.contains(key) {
                 set.insert(key.into());
-                return Claim::Mine(InFlight { inner: self, key });
+                return Claim::Mine(InFlight { writer: self, key });
             }
-            self.counters.pending_waits.fetch_add(1, Ordering::Relaxed);
+            self.pending_waits.fetch_add(1, Ordering::Relaxed);
             self.inflight_done.wait(&mut set);
         }
     }
@@ -260,7 +362,7 @@ impl Inner {
         bound: u64,
         crc: Option<u32>,
     ) -> Result<(&'s mut Active, Placed), StoreError> {
-        self.check_writable()?;
+        self.shared.health.check_writable()?;
         let current = match shard.take() {
             Some(a) if !a.entries.is_empty() && a.end + bound > self.segment_bytes => {
                 self.maintenance.queue_seal(a);
@@ -298,7 +400,7 @@ impl Inner {
             .map(|a| a.seg.path.clone())
             .unwrap_or_default();
         if let Some(broken) = shard.take() {
-            self.seal_now(broken);
+            self.maintenance.seal_now(broken);
         }
         StoreError::io(
             format!(
@@ -338,30 +440,32 @@ impl Inner {
             meta_len,
             crc,
         };
-        self.touch(&entry.seg);
-        self.index.insert(key.into(), entry.clone());
-        let now = self.total_bytes.fetch_add(added, Ordering::Relaxed) + added;
-        if now > self.limit() {
+        let catalog = &self.shared.catalog;
+        catalog.touch(&entry.seg);
+        let location = entry.location();
+        catalog.insert(key.into(), entry);
+        if self.shared.budget.grow(added) {
             self.maintenance.wake();
         }
-        location(&entry)
+        location
     }
 
     /// Creates the next segment: persists the high-water mark first, then the file.
     fn open_segment(&self) -> Result<Active, StoreError> {
+        let shared = &self.shared;
         let id = {
             let mut next = self.next_id.lock();
             let id = *next;
-            match layout::persist_next_id(&self.dir, id + 1, self.mode, self.fault()) {
+            match layout::persist_next_id(&shared.dir, id + 1, shared.mode, shared.fault()) {
                 Ok(()) => {}
                 Err(DurableError::Sync(e)) => {
                     let reason = format!(
                         "fsync of the segment id high-water mark in {} failed: {e}",
-                        self.dir.display()
+                        shared.dir.display()
                     );
-                    self.poison(reason.clone());
+                    shared.health.poison(reason.clone());
                     return Err(StoreError::Poisoned {
-                        dir: self.dir.clone(),
+                        dir: shared.dir.clone(),
                         reason,
                     });
                 }
@@ -369,7 +473,7 @@ impl Inner {
                     return Err(StoreError::io(
                         format!(
                             "cannot persist the segment id high-water mark in {}",
-                            self.dir.display()
+                            shared.dir.display()
                         ),
                         e,
                     ));
@@ -378,13 +482,12 @@ impl Inner {
             *next = id + 1;
             id
         };
-        let path = layout::segment_path(&self.dir, id);
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
-        let active = segment::create(&path, id, &self.schema, self.mode, now)
+        let path = layout::segment_path(&shared.dir, id);
+        let now = shared.catalog.tick();
+        let active = segment::create(&path, id, &shared.schema, shared.mode, now)
             .map_err(|e| StoreError::io(format!("cannot create segment {}", path.display()), e))?;
-        self.total_bytes
-            .fetch_add(self.schema.len() as u64, Ordering::Relaxed);
-        self.segments.lock().insert(id, Arc::clone(&active.seg));
+        shared.budget.grow(shared.schema.len() as u64);
+        shared.catalog.add_segment(Arc::clone(&active.seg));
         Ok(active)
     }
 }

@@ -10,14 +10,15 @@
 //! free space (`statvfs`) and raises the ceiling to what the disk could take with some room
 //! to spare (two segments, or a quarter of what it could hold, whichever is less), lifting
 //! it once the whole budget fits.
+//!
+//! [`Ceiling`] is the value; the budget ([`crate::budget`]) owns it and applies it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::StoreError;
-use crate::store::Inner;
 
 /// No ceiling: the budget alone limits the store.
-pub(crate) const NO_CEILING: u64 = u64::MAX;
+const NO_CEILING: u64 = u64::MAX;
 
 impl StoreError {
     /// Whether the filesystem refused the write for lack of space or quota.
@@ -32,73 +33,85 @@ impl StoreError {
     }
 }
 
-impl Inner {
-    /// The bytes the store evicts down to: the budget, or less while the disk is full;
-    /// unlimited for a store that keeps everything.
-    pub(crate) fn limit(&self) -> u64 {
-        if self.keep_all {
-            return u64::MAX;
-        }
-        self.max_bytes.min(self.ceiling.load(Ordering::Relaxed))
+/// What a full disk lets the store hold, below its budget (none while the budget fits).
+#[derive(Debug)]
+pub(crate) struct Ceiling(AtomicU64);
+
+/// How [`Ceiling::raise`] changed the ceiling.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Raised {
+    /// Unchanged (no ceiling, or no more room than before).
+    No,
+    /// Raised, still below the budget.
+    To(u64),
+    /// Lifted: the whole budget fits again.
+    Lifted,
+}
+
+impl Default for Ceiling {
+    fn default() -> Self {
+        Ceiling(AtomicU64::new(NO_CEILING))
+    }
+}
+
+impl Ceiling {
+    /// The ceiling in bytes (`u64::MAX` when there is none).
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 
-    /// An append failed with `err`: when the disk is full, lowers the ceiling and asks for an
-    /// eviction pass.
-    pub(crate) fn note_append_error(&self, err: &StoreError) {
-        if !err.is_disk_full() {
-            return;
-        }
-        let held = self.total_bytes.load(Ordering::Relaxed);
-        let current = self.ceiling.load(Ordering::Relaxed);
-        // First failure: stop growing. Failing again under the ceiling: make room.
+    /// An append failed for lack of space while the store held `held` bytes: the first
+    /// failure stops growth at `held`, a failure under the ceiling lowers it a quarter
+    /// below `held`. Returns the new ceiling when it went down.
+    pub(crate) fn lower_after_failure(&self, held: u64) -> Option<u64> {
+        let current = self.get();
         let ceiling = if current > held {
             held
         } else {
             held - held / 4
         };
-        let before = self.ceiling.fetch_min(ceiling, Ordering::Relaxed);
-        self.counters.disk_full.fetch_add(1, Ordering::Relaxed);
-        if ceiling < before {
-            tracing::warn!(
-                dir = %self.dir.display(),
-                held_bytes = held,
-                ceiling_bytes = ceiling,
-                budget_bytes = self.max_bytes,
-                "the cache's filesystem is full; evicting below the budget until it has room"
-            );
-        }
-        self.maintenance.wake();
+        let before = self.0.fetch_min(ceiling, Ordering::Relaxed);
+        (ceiling < before).then_some(ceiling)
     }
 
-    /// Raises the ceiling to what the filesystem can take now, with room to spare (never
-    /// lowers it: only failed appends do); lifts it when the whole budget fits. Called after
-    /// each eviction pass.
-    pub(crate) fn raise_ceiling(&self) {
-        let ceiling = self.ceiling.load(Ordering::Relaxed);
+    /// The filesystem has `free` bytes while the store holds `held`: raises the ceiling to
+    /// what fits with room to spare (`spare`: two segments, at most a quarter of the room),
+    /// lifting it when `max_bytes` fits. Never lowers it.
+    pub(crate) fn raise(&self, held: u64, free: u64, spare: u64, max_bytes: u64) -> Raised {
+        let ceiling = self.get();
         if ceiling == NO_CEILING {
-            return;
+            return Raised::No;
         }
-        let free = match rustix::fs::statvfs(&self.dir) {
-            Ok(st) => st.f_bavail.saturating_mul(st.f_frsize),
-            Err(e) => {
-                tracing::debug!(dir = %self.dir.display(), error = %e, "statvfs of the cache failed");
-                return;
-            }
-        };
-        let held = self.total_bytes.load(Ordering::Relaxed);
         let room = held.saturating_add(free);
-        let fits = room - (2 * self.segment_bytes).min(room / 4);
-        if fits >= self.max_bytes {
-            self.ceiling.store(NO_CEILING, Ordering::Relaxed);
-            tracing::info!(dir = %self.dir.display(), "the cache's filesystem has room for the whole budget again");
+        let fits = room - spare.min(room / 4);
+        if fits >= max_bytes {
+            self.0.store(NO_CEILING, Ordering::Relaxed);
+            Raised::Lifted
         } else if fits > ceiling {
-            self.ceiling.store(fits, Ordering::Relaxed);
+            self.0.store(fits, Ordering::Relaxed);
+            Raised::To(fits)
+        } else {
+            Raised::No
         }
     }
 
-    /// The ceiling below the budget, if the disk filled up and has not recovered.
-    pub(crate) fn ceiling(&self) -> Option<u64> {
-        let ceiling = self.ceiling.load(Ordering::Relaxed);
-        (ceiling < self.max_bytes).then_some(ceiling)
+    /// Whether a ceiling is set.
+    pub(crate) fn is_set(&self) -> bool {
+        self.get() != NO_CEILING
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_failure_stops_growth_and_a_second_makes_room() {
+        let c = Ceiling::default();
+        assert_eq!(c.lower_after_failure(1000), Some(1000));
+        assert_eq!(c.lower_after_failure(1000), Some(750));
+        assert_eq!(c.raise(750, 10, 0, 2000), Raised::To(760));
+        assert_eq!(c.raise(750, 5000, 100, 2000), Raised::Lifted);
+        assert!(!c.is_set());
     }
 }

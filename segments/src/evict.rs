@@ -1,111 +1,77 @@
 //! Off-request-path work: sealing rotated segments, eviction to the byte budget, and
 //! persisting recency. One background thread per store, woken by appends, or the owner's
 //! worker shared by many stores ([`crate::StoreOptions::with_shared_maintenance`]).
+//!
+//! [`Maintenance`] owns the work and its counters; it reads the shared state through its
+//! owners ([`crate::shared`]) and never calls the append path.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
-use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout;
+use crate::mailbox::Mailbox;
 use crate::options::MaintenanceWaker;
 use crate::recency;
 use crate::segment::{self, Active, Segment};
-use crate::store::Inner;
+use crate::shared::Shared;
+use crate::types::StoreStats;
 
-#[derive(Debug, Default)]
-struct State {
-    seal_queue: Vec<Active>,
-    wake: bool,
-    stop: bool,
-}
-
-/// The maintenance thread's mailbox.
-#[derive(Debug, Default)]
+/// Seals, evicts and saves recency for one store.
+#[derive(Debug)]
 pub(crate) struct Maintenance {
-    state: Mutex<State>,
-    cv: Condvar,
-    /// The owner's worker to signal instead of a thread of the store's own.
-    shared: Option<MaintenanceWaker>,
+    shared: Arc<Shared>,
+    mailbox: Mailbox,
+    /// Entries removed by eviction.
+    evictions: AtomicU64,
+    /// Eviction passes stopped by a least recently used segment not sealed yet.
+    evictions_blocked: AtomicU64,
+    /// Bytes of segment files unlinked.
+    unlinked_bytes: AtomicU64,
 }
 
 impl Maintenance {
-    /// A mailbox whose work is signalled to the owner's worker (`None`: the store's thread).
-    pub(crate) fn new(shared: Option<MaintenanceWaker>) -> Maintenance {
+    /// The maintenance of `shared`, signalled to the owner's worker when `shared_worker` is
+    /// given (otherwise to a thread of the store's own, see [`Maintenance::run`]).
+    pub(crate) fn new(shared: Arc<Shared>, shared_worker: Option<MaintenanceWaker>) -> Self {
         Maintenance {
             shared,
-            ..Maintenance::default()
+            mailbox: Mailbox::new(shared_worker),
+            evictions: AtomicU64::new(0),
+            evictions_blocked: AtomicU64::new(0),
+            unlinked_bytes: AtomicU64::new(0),
         }
     }
 
     /// Whether a worker of the owner does the work (no thread of the store's own).
     pub(crate) fn is_shared(&self) -> bool {
-        self.shared.is_some()
-    }
-
-    fn signal(&self) {
-        self.cv.notify_one();
-        if let Some(wake) = &self.shared {
-            (wake.0)();
-        }
+        self.mailbox.is_shared()
     }
 
     /// Hands a rotated segment over for sealing.
     pub(crate) fn queue_seal(&self, active: Active) {
-        active.seg.retired.store(true, Ordering::Release);
-        self.state.lock().seal_queue.push(active);
-        self.signal();
+        self.mailbox.queue_seal(active);
     }
 
     /// Asks for an eviction pass.
     pub(crate) fn wake(&self) {
-        self.state.lock().wake = true;
-        self.signal();
+        self.mailbox.wake();
     }
 
-    /// Asks the thread to finish queued work and exit.
+    /// Asks the store's thread to finish queued work and exit.
     pub(crate) fn stop(&self) {
-        self.state.lock().stop = true;
-        self.cv.notify_one();
+        self.mailbox.stop();
     }
 
-    /// The work queued now, without waiting (`None`: nothing to do).
-    fn take(&self) -> Option<Vec<Active>> {
-        let mut st = self.state.lock();
-        if st.seal_queue.is_empty() && !st.wake {
-            return None;
-        }
-        st.wake = false;
-        Some(std::mem::take(&mut st.seal_queue))
-    }
-
-    /// Waits for work; `None` when stopped with nothing left to do.
-    fn next(&self) -> Option<Vec<Active>> {
-        let mut st = self.state.lock();
-        loop {
-            if !st.seal_queue.is_empty() || st.wake {
-                st.wake = false;
-                return Some(std::mem::take(&mut st.seal_queue));
-            }
-            if st.stop {
-                return None;
-            }
-            self.cv.wait(&mut st);
-        }
-    }
-}
-
-impl Inner {
     /// The maintenance thread's body.
-    pub(crate) fn maintenance_loop(self: Arc<Self>) {
-        while let Some(jobs) = self.maintenance.next() {
+    pub(crate) fn run(self: Arc<Self>) {
+        while let Some(jobs) = self.mailbox.next() {
             self.run_jobs(jobs);
         }
     }
 
     /// Does the work queued now, if any, on the calling thread (the shared worker's pass).
     pub(crate) fn maintain_now(&self) {
-        if let Some(jobs) = self.maintenance.take() {
+        if let Some(jobs) = self.mailbox.take() {
             self.run_jobs(jobs);
         }
     }
@@ -117,7 +83,7 @@ impl Inner {
             self.seal_now(active);
         }
         let evicted = self.evict_to_budget();
-        self.raise_ceiling();
+        self.shared.budget.raise_ceiling();
         if evicted > 0 || sealed {
             self.save_recency();
         }
@@ -125,6 +91,7 @@ impl Inner {
 
     /// Seals (or, when it holds no entry, removes) a segment that no shard writes any more.
     pub(crate) fn seal_now(&self, active: Active) {
+        let shared = &self.shared;
         let seg = Arc::clone(&active.seg);
         seg.retired.store(true, Ordering::Release);
         let before = seg.disk_bytes.load(Ordering::Relaxed);
@@ -133,17 +100,11 @@ impl Inner {
             self.unlink_segment(&seg);
             return;
         }
-        let sealed = segment::seal(active, &self.segdir, self.mode, self.fault());
+        let sealed = segment::seal(active, &shared.segdir, shared.mode, shared.fault());
         if let Some(reason) = sealed.dir_sync_failed {
-            self.poison(reason);
+            shared.health.poison(reason);
         }
-        if sealed.disk_bytes >= before {
-            self.total_bytes
-                .fetch_add(sealed.disk_bytes - before, Ordering::Relaxed);
-        } else {
-            self.total_bytes
-                .fetch_sub(before - sealed.disk_bytes, Ordering::Relaxed);
-        }
+        shared.budget.resize(before, sealed.disk_bytes);
     }
 
     /// Evicts least recently used sealed segments until within budget (or the lower ceiling
@@ -154,29 +115,16 @@ impl Inner {
     /// to a sealed but newer segment would evict recent data ahead of old data just because
     /// the old data's seal was slower (seen under load: the newest entry evicted first).
     pub(crate) fn evict_to_budget(&self) -> u64 {
+        let shared = &self.shared;
         let mut evicted = 0;
-        while self.total_bytes.load(Ordering::Relaxed) > self.limit() {
-            let oldest = self
-                .segments
-                .lock()
-                .values()
-                .filter(|s| s.retired.load(Ordering::Acquire) || s.sealed.load(Ordering::Acquire))
-                .min_by_key(|s| (s.last_use.load(Ordering::Relaxed), s.id))
-                .cloned();
+        while shared.budget.over_limit() {
+            let oldest = shared.catalog.least_recent_retired();
             let Some(victim) = oldest.filter(|s| s.sealed.load(Ordering::Acquire)) else {
-                self.counters
-                    .evictions_blocked
-                    .fetch_add(1, Ordering::Relaxed);
+                self.evictions_blocked.fetch_add(1, Ordering::Relaxed);
                 break;
             };
-            let keys = std::mem::take(&mut *victim.keys.lock());
-            let removed = keys
-                .iter()
-                .filter(|k| self.index.remove_in_segment(k, victim.id))
-                .count() as u64;
-            self.counters
-                .evictions
-                .fetch_add(removed, Ordering::Relaxed);
+            let removed = shared.catalog.remove_entries_of(&victim);
+            self.evictions.fetch_add(removed, Ordering::Relaxed);
             self.unlink_segment(&victim);
             evicted += 1;
         }
@@ -185,34 +133,36 @@ impl Inner {
 
     /// Forgets a segment and unlinks its files (the index no longer points into it).
     fn unlink_segment(&self, seg: &Segment) {
-        self.segments.lock().remove(&seg.id);
+        let shared = &self.shared;
+        shared.catalog.forget_segment(seg.id);
         seg.forget_map();
         let file_len = std::fs::metadata(&seg.path).map_or(0, |m| m.len());
-        for path in [seg.path.clone(), layout::sidecar_path(&self.dir, seg.id)] {
+        for path in [seg.path.clone(), layout::sidecar_path(&shared.dir, seg.id)] {
             if let Err(e) = std::fs::remove_file(&path)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::warn!(file = %path.display(), error = %e, "cannot unlink evicted segment file");
             }
         }
-        self.counters
-            .unlinked_bytes
-            .fetch_add(file_len, Ordering::Relaxed);
-        self.total_bytes
-            .fetch_sub(seg.disk_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.budget.notify_freed();
+        self.unlinked_bytes.fetch_add(file_len, Ordering::Relaxed);
+        shared
+            .budget
+            .release(seg.disk_bytes.load(Ordering::Relaxed));
     }
 
     /// Saves every segment's last-use counter (advisory: a failure is logged).
     pub(crate) fn save_recency(&self) {
-        let pairs: Vec<(u64, u64)> = self
-            .segments
-            .lock()
-            .values()
-            .map(|s| (s.id, s.last_use.load(Ordering::Relaxed)))
-            .collect();
-        if let Err(e) = recency::save(&self.dir, &pairs, self.mode) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot save segment recency");
+        let shared = &self.shared;
+        let pairs = shared.catalog.recency();
+        if let Err(e) = recency::save(&shared.dir, &pairs, shared.mode) {
+            tracing::warn!(dir = %shared.dir.display(), error = %e, "cannot save segment recency");
         }
+    }
+
+    /// Fills the maintenance's figures of `out`.
+    pub(crate) fn fill_stats(&self, out: &mut StoreStats) {
+        out.evictions = self.evictions.load(Ordering::Relaxed);
+        out.ref_held_evictions_skipped = self.evictions_blocked.load(Ordering::Relaxed);
+        out.unlinked_bytes = self.unlinked_bytes.load(Ordering::Relaxed);
     }
 }

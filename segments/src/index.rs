@@ -7,6 +7,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::segment::Segment;
+use crate::types::Location;
 
 const SHARDS: usize = 32;
 
@@ -18,6 +19,19 @@ pub(crate) struct IndexEntry {
     pub length: u64,
     pub meta_len: u32,
     pub crc: u32,
+}
+
+impl IndexEntry {
+    /// The location this entry answers.
+    #[inline]
+    pub(crate) fn location(&self) -> Location {
+        Location {
+            segment_path: self.seg.path.clone(),
+            byte_offset: self.offset,
+            byte_length: self.length,
+            generation_id: self.seg.inode,
+        }
+    }
 }
 
 /// One shard of the index.

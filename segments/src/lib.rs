@@ -34,6 +34,19 @@
 //! DIR/segments/seg_{id:016}.idx     sidecar index, written when the segment is sealed
 //! ```
 //!
+//! # Owners
+//! Each kind of state has one owner with private fields, and a module only uses modules
+//! below it (docs/decisions/0026; `tests/modules_form_layers.rs` keeps it so):
+//! ```text
+//! store                      Store: the public API, the directory lock
+//!   append   evict           Writer (open segments, ids, keys being written) and
+//!                            Maintenance (seal, evict, save recency), the writer over it
+//!     shared                 the fixed settings, and:
+//!       budget  catalog  health   bytes on disk and admission; index, segments and
+//!                                 recency; closed or poisoned
+//!         segment, index, boot, layout, ipc, ...   files and formats
+//! ```
+//!
 //! # Segment format
 //! A segment is an Arrow IPC **stream**: the schema message at offset 0 (`data: Binary`,
 //! `shape: List<Int64>`, `dtype: Utf8`, `key: Binary`), then one single-row record batch
@@ -79,6 +92,7 @@
 mod append;
 mod boot;
 mod budget;
+mod catalog;
 mod copy;
 mod diskfull;
 pub mod error;
@@ -86,14 +100,17 @@ mod evict;
 #[doc(hidden)]
 pub mod fault;
 pub mod fsgate;
+mod health;
 mod index;
 pub mod ipc;
 mod layout;
 mod lockfile;
+mod mailbox;
 mod map;
 pub mod options;
 mod recency;
 mod segment;
+mod shared;
 mod sidecar;
 mod store;
 mod types;

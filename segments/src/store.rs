@@ -1,143 +1,56 @@
 //! [`Store`]: opening a cache directory, lookups, reads, stats and close.
 
-use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
+use crate::append::Writer;
 use crate::boot;
 use crate::budget::Budget;
+use crate::catalog::Catalog;
 use crate::error::StoreError;
 use crate::evict::Maintenance;
-use crate::fault::FaultInjector;
 use crate::fsgate::{self, FsClass};
-use crate::index::{Index, IndexEntry};
 use crate::ipc;
 use crate::layout;
 use crate::lockfile;
 use crate::map::SharedMap;
 use crate::options::StoreOptions;
 use crate::recency;
-use crate::segment::{Active, Segment};
+use crate::shared::Shared;
 use crate::types::{EntryBytes, EntryMeta, FileRange, Location, StoreStats};
 
 /// Smallest rotation threshold the store uses, whatever the budget.
 const MIN_SEGMENT_BYTES: u64 = 64 << 10;
 
-/// Event counters behind [`StoreStats`].
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub evictions: AtomicU64,
-    pub pending_waits: AtomicU64,
-    pub evictions_blocked: AtomicU64,
-    pub budget_waits: AtomicU64,
-    pub budget_overruns: AtomicU64,
-    pub oversized: AtomicU64,
-    pub unlinked_bytes: AtomicU64,
-    pub disk_full: AtomicU64,
-}
-
-/// State shared by the store handle and its maintenance thread.
-pub(crate) struct Inner {
-    pub dir: PathBuf,
-    pub segdir: PathBuf,
-    pub max_bytes: u64,
-    /// Lowered below `max_bytes` while the filesystem is full ([`crate::diskfull`]).
-    pub ceiling: AtomicU64,
-    pub segment_bytes: u64,
-    pub mode: u32,
-    pub verify_on_read: bool,
-    /// Never evict ([`StoreOptions::with_keep_all`]).
-    pub keep_all: bool,
-    pub fault: Option<Arc<dyn FaultInjector>>,
-    /// The `flock` on `DIR/lock`: held from open until [`Store::close`], which releases it
-    /// so another store may open the directory while this one's last readers finish.
-    pub lock: Mutex<Option<File>>,
-    /// The encapsulated schema message that starts every segment.
-    pub schema: Vec<u8>,
-    schema_meta: Bytes,
-    pub index: Index,
-    pub segments: Mutex<BTreeMap<u64, Arc<Segment>>>,
-    pub shards: Box<[Mutex<Option<Active>>]>,
-    pub next_shard: AtomicUsize,
-    pub next_id: Mutex<u64>,
-    pub inflight: Mutex<HashSet<Box<[u8]>>>,
-    pub inflight_done: Condvar,
-    pub clock: AtomicU64,
-    pub total_bytes: AtomicU64,
-    pub counters: Counters,
-    pub poisoned: Mutex<Option<String>>,
-    pub closed: AtomicBool,
-    pub maintenance: Maintenance,
-    /// Admission of appends to the byte budget.
-    pub budget: Budget,
-}
-
-impl Inner {
-    pub(crate) fn fault(&self) -> Option<&dyn FaultInjector> {
-        self.fault.as_deref()
-    }
-
-    /// Marks `seg` used now.
-    pub(crate) fn touch(&self, seg: &Segment) {
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
-        seg.last_use.fetch_max(now, Ordering::Relaxed);
-    }
-
-    /// Refuses all further writes, keeping the first reason.
-    pub(crate) fn poison(&self, reason: String) {
-        let mut slot = self.poisoned.lock();
-        if slot.is_none() {
-            tracing::error!(dir = %self.dir.display(), %reason, "segment store refuses further writes");
-            *slot = Some(reason);
-        }
-    }
-
-    /// Errors when the store cannot take writes.
-    pub(crate) fn check_writable(&self) -> Result<(), StoreError> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed {
-                dir: self.dir.clone(),
-            });
-        }
-        match self.poisoned.lock().as_ref() {
-            Some(reason) => Err(StoreError::Poisoned {
-                dir: self.dir.clone(),
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-}
-
-/// The location an index entry answers.
-pub(crate) fn location(e: &IndexEntry) -> Location {
-    Location {
-        segment_path: e.seg.path.clone(),
-        byte_offset: e.offset,
-        byte_length: e.length,
-        generation_id: e.seg.inode,
-    }
-}
-
 /// An append-only Arrow IPC segment store in one cache directory. `Send + Sync`; share it
 /// behind an `Arc`.
+///
+/// The handle composes the owners: the writer (append path), the maintenance (seal, evict,
+/// recency) and, under both, the shared state (catalog, health, budget). Lookups and reads
+/// go to the catalog directly.
 pub struct Store {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    writer: Writer,
+    maintenance: Arc<Maintenance>,
+    /// Verify each entry's crc32c in [`Store::read`].
+    verify_on_read: bool,
+    /// The flatbuffer metadata of the schema message (Flight `data_header`).
+    schema_meta: Bytes,
+    /// The `flock` on `DIR/lock`: held from open until [`Store::close`], which releases it
+    /// so another store may open the directory while this one's last readers finish.
+    lock: Mutex<Option<File>>,
     maintenance_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("dir", &self.inner.dir)
+            .field("dir", &self.shared.dir)
             .finish_non_exhaustive()
     }
 }
@@ -179,76 +92,62 @@ impl Store {
         let persisted = layout::read_next_id(&dir)?;
         let next_id = persisted.max(booted.max_id.map_or(0, |m| m + 1));
 
-        let open_segments = opts.open_segments.max(1) as u64;
+        let open_segments = opts.open_segments.max(1);
         let segment_bytes = opts
             .segment_bytes
-            .min(opts.max_bytes / (2 * open_segments))
+            .min(opts.max_bytes / (2 * open_segments as u64))
             .max(MIN_SEGMENT_BYTES);
-        let index = Index::new();
-        let mut segments = BTreeMap::new();
-        let mut total_bytes = 0;
-        for restored in booted.segments {
-            let seg = restored.seg;
-            total_bytes += seg.disk_bytes.load(Ordering::Relaxed);
-            for e in restored.entries {
-                let entry = IndexEntry {
-                    seg: Arc::clone(&seg),
-                    offset: e.offset,
-                    length: e.length,
-                    meta_len: e.meta_len,
-                    crc: e.crc,
-                };
-                index.insert(e.key, entry);
-            }
-            segments.insert(seg.id, seg);
-        }
-        let schema_meta = Bytes::copy_from_slice(&schema[8..]);
-        let inner = Arc::new(Inner {
-            segdir: layout::segments_dir(&dir),
-            dir,
-            max_bytes: opts.max_bytes,
-            ceiling: AtomicU64::new(crate::diskfull::NO_CEILING),
+        let (catalog, held) = Catalog::restored(booted.segments, booted.clock);
+        let budget = Budget::new(
+            dir.clone(),
+            opts.max_bytes,
+            opts.keep_all,
             segment_bytes,
-            mode: opts.file_mode,
-            verify_on_read: opts.verify_on_read,
-            keep_all: opts.keep_all,
-            fault: opts.fault,
-            lock: Mutex::new(Some(lock)),
+            held,
+        );
+        let schema_meta = Bytes::copy_from_slice(&schema[8..]);
+        let shared = Arc::new(Shared::new(
+            dir,
+            opts.file_mode,
             schema,
-            schema_meta,
-            index,
-            segments: Mutex::new(segments),
-            shards: (0..open_segments).map(|_| Mutex::new(None)).collect(),
-            next_shard: AtomicUsize::new(0),
-            next_id: Mutex::new(next_id),
-            inflight: Mutex::new(HashSet::new()),
-            inflight_done: Condvar::new(),
-            clock: AtomicU64::new(booted.clock),
-            total_bytes: AtomicU64::new(total_bytes),
-            counters: Counters::default(),
-            poisoned: Mutex::new(None),
-            closed: AtomicBool::new(false),
-            maintenance: Maintenance::new(opts.shared_maintenance),
-            budget: Budget::default(),
-        });
+            opts.fault,
+            catalog,
+            budget,
+        ));
         if let Some(reason) = booted.dir_sync_failed {
-            inner.poison(reason);
+            shared.health.poison(reason);
         }
-        if inner.evict_to_budget() > 0 {
-            inner.save_recency();
+        let maintenance = Arc::new(Maintenance::new(
+            Arc::clone(&shared),
+            opts.shared_maintenance,
+        ));
+        if maintenance.evict_to_budget() > 0 {
+            maintenance.save_recency();
         }
-        let handle = if inner.maintenance.is_shared() {
+        let handle = if maintenance.is_shared() {
             None
         } else {
-            let worker = Arc::clone(&inner);
+            let worker = Arc::clone(&maintenance);
             let handle = std::thread::Builder::new()
                 .name("tessera-segments".to_string())
-                .spawn(move || worker.maintenance_loop())
+                .spawn(move || worker.run())
                 .map_err(|e| StoreError::io("cannot start the segment maintenance thread", e))?;
             Some(handle)
         };
+        let writer = Writer::new(
+            Arc::clone(&shared),
+            Arc::clone(&maintenance),
+            segment_bytes,
+            open_segments,
+            next_id,
+        );
         Ok(Store {
-            inner,
+            shared,
+            writer,
+            maintenance,
+            verify_on_read: opts.verify_on_read,
+            schema_meta,
+            lock: Mutex::new(Some(lock)),
             maintenance_thread: Mutex::new(handle),
         })
     }
@@ -257,7 +156,7 @@ impl Store {
     /// saves recency), on the calling thread: the pass of the owner's worker for a store
     /// opened [`StoreOptions::with_shared_maintenance`]. Cheap when there is nothing to do.
     pub fn maintain(&self) {
-        self.inner.maintain_now();
+        self.maintenance.maintain_now();
     }
 
     /// Appends a chunk under `key` and returns where it lives. `data`'s pieces, concatenated,
@@ -270,11 +169,7 @@ impl Store {
         meta: &EntryMeta,
         data: &[&[u8]],
     ) -> Result<Location, StoreError> {
-        let appended = self.inner.append(key, meta, data);
-        if let Err(err) = &appended {
-            self.inner.note_append_error(err);
-        }
-        appended
+        self.writer.append(key, meta, data)
     }
 
     /// Appends a chunk under `key` whose raw C-order bytes are `src`'s byte range, copied
@@ -311,46 +206,27 @@ impl Store {
         src: FileRange<'_>,
         check: impl FnOnce() -> Result<(), E>,
     ) -> Result<Result<Location, E>, StoreError> {
-        let appended = self.inner.append_from_file(key, meta, src, check);
-        if let Err(err) = &appended {
-            self.inner.note_append_error(err);
-        }
-        appended
+        self.writer.append_from_file(key, meta, src, check)
     }
 
     /// Whether `key` is stored. Unlike [`Store::locate`] it counts nothing and leaves the
     /// segment's recency alone: for callers deciding whether to fill a key, not readers.
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.inner.index.get(key).is_some()
+        self.shared.catalog.get(key).is_some()
     }
 
     /// Where `key` lives, if stored: one map lookup (counts a hit or a miss and refreshes the
     /// segment's recency).
     pub fn locate(&self, key: &[u8]) -> Option<Location> {
-        let inner = &self.inner;
-        match inner.index.get(key) {
-            Some(e) => {
-                inner.counters.hits.fetch_add(1, Ordering::Relaxed);
-                inner.touch(&e.seg);
-                Some(location(&e))
-            }
-            None => {
-                inner.counters.misses.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
+        self.shared.catalog.lookup(key).map(|e| e.location())
     }
 
     /// The message of `key` as zero-copy slices of a mapping of its segment (`None` when not
     /// stored, or evicted meanwhile). With verify-on-read, the body's crc32c is checked.
     pub fn read(&self, key: &[u8]) -> Result<Option<EntryBytes>, StoreError> {
-        let inner = &self.inner;
-        let Some(e) = inner.index.get(key) else {
-            inner.counters.misses.fetch_add(1, Ordering::Relaxed);
+        let Some(e) = self.shared.catalog.lookup(key) else {
             return Ok(None);
         };
-        inner.counters.hits.fetch_add(1, Ordering::Relaxed);
-        inner.touch(&e.seg);
         let end = e.offset + e.length;
         let map = match e.seg.map_covering(end) {
             Ok(map) => map,
@@ -361,7 +237,7 @@ impl Store {
         let body_start = (e.offset + 8 + u64::from(e.meta_len)) as usize;
         let header = all.slice((e.offset + 8) as usize..body_start);
         let body = all.slice(body_start..end as usize);
-        if inner.verify_on_read {
+        if self.verify_on_read {
             let found = crc32c::crc32c(&body);
             if found != e.crc {
                 return Err(StoreError::ChecksumMismatch {
@@ -373,7 +249,7 @@ impl Store {
             }
         }
         Ok(Some(EntryBytes {
-            location: location(&e),
+            location: e.location(),
             header,
             body,
         }))
@@ -382,53 +258,47 @@ impl Store {
     /// The flatbuffer metadata of the segments' schema message (Flight `data_header` of the
     /// first `FlightData` of a `do_get` stream).
     pub fn schema_message(&self) -> Bytes {
-        self.inner.schema_meta.clone()
+        self.schema_meta.clone()
     }
 
     /// Current counters and sizes (a ceiling left by a full disk is raised first, if the disk
     /// has room again).
     pub fn stats(&self) -> StoreStats {
-        let inner = &self.inner;
-        inner.raise_ceiling();
-        let c = &inner.counters;
-        StoreStats {
-            total_entries: inner.index.len(),
-            total_bytes: inner.total_bytes.load(Ordering::Relaxed),
+        let shared = &self.shared;
+        shared.budget.raise_ceiling();
+        let (hits, misses) = shared.catalog.hits_and_misses();
+        let mut stats = StoreStats {
+            total_entries: shared.catalog.entries(),
             max_entries: 0,
-            max_bytes: inner.max_bytes,
-            hits: c.hits.load(Ordering::Relaxed),
-            misses: c.misses.load(Ordering::Relaxed),
-            evictions: c.evictions.load(Ordering::Relaxed),
-            pending_waits: c.pending_waits.load(Ordering::Relaxed),
-            ref_held_evictions_skipped: c.evictions_blocked.load(Ordering::Relaxed),
-            oversized_skips: c.oversized.load(Ordering::Relaxed),
-            budget_waits: c.budget_waits.load(Ordering::Relaxed),
-            budget_overruns: c.budget_overruns.load(Ordering::Relaxed),
-            unlinked_bytes: c.unlinked_bytes.load(Ordering::Relaxed),
-            segments: inner.segments.lock().len() as u64,
-            disk_full_events: c.disk_full.load(Ordering::Relaxed),
-            disk_ceiling: inner.ceiling(),
-        }
+            hits,
+            misses,
+            segments: shared.catalog.segment_count(),
+            ..StoreStats::default()
+        };
+        shared.budget.fill_stats(&mut stats);
+        self.writer.fill_stats(&mut stats);
+        self.maintenance.fill_stats(&mut stats);
+        stats
     }
 
     /// The byte budget the store evicts down to (less while its filesystem is full: see
     /// [`StoreStats::disk_ceiling`]).
     pub fn max_bytes(&self) -> u64 {
-        self.inner.max_bytes
+        self.shared.budget.max_bytes()
     }
 
     /// The cache directory (canonical).
     pub fn dir(&self) -> &Path {
-        &self.inner.dir
+        &self.shared.dir
     }
 
     /// Records `note` (one line, e.g. where the owning server listens) beside the pid in
     /// the lock file, so an open refused by the lock names it ([`StoreError::Locked`]).
     pub fn note_holder(&self, note: &str) -> Result<(), StoreError> {
-        match self.inner.lock.lock().as_ref() {
-            Some(lock) => lockfile::write_note(lock, &self.inner.dir, note),
+        match self.lock.lock().as_ref() {
+            Some(lock) => lockfile::write_note(lock, &self.shared.dir, note),
             None => Err(StoreError::Closed {
-                dir: self.inner.dir.clone(),
+                dir: self.shared.dir.clone(),
             }),
         }
     }
@@ -439,36 +309,26 @@ impl Store {
     /// later appends fail with [`StoreError::Closed`], lookups and reads keep working. Also
     /// run, best effort, on drop.
     pub fn close(&self) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        if inner.closed.swap(true, Ordering::AcqRel) {
+        if !self.shared.health.close() {
             return Ok(());
         }
-        for shard in inner.shards.iter() {
-            let active = shard.lock().take();
-            if let Some(active) = active {
-                inner.seal_now(active);
-            }
+        for active in self.writer.take_open() {
+            self.maintenance.seal_now(active);
         }
-        inner.maintenance.stop();
+        self.maintenance.stop();
         if let Some(handle) = self.maintenance_thread.lock().take()
             && handle.join().is_err()
         {
-            tracing::error!(dir = %inner.dir.display(), "segment maintenance thread panicked");
+            tracing::error!(dir = %self.shared.dir.display(), "segment maintenance thread panicked");
         }
         // Without a thread of its own, what the owner's worker has not done yet.
-        inner.maintain_now();
-        inner.evict_to_budget();
-        inner.save_recency();
+        self.maintenance.maintain_now();
+        self.maintenance.evict_to_budget();
+        self.maintenance.save_recency();
         // Nothing of this store writes to the directory any more: appends are refused and
         // the maintenance thread has stopped.
-        drop(inner.lock.lock().take());
-        match inner.poisoned.lock().as_ref() {
-            Some(reason) => Err(StoreError::Poisoned {
-                dir: inner.dir.clone(),
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
+        drop(self.lock.lock().take());
+        self.shared.health.check_not_poisoned()
     }
 }
 
