@@ -154,3 +154,24 @@ impl ChunkError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refusal_names_the_sizes_in_mib_and_the_setting() {
+        let err = ChunkError::OverBudget {
+            array_id: "a".to_string(),
+            needed: (3 << 20) + 1,
+            max: 2 << 20,
+        };
+        assert_eq!(
+            err.to_string(),
+            "a scaled chunk of 'a' needs 4 MiB of server memory to compute, more than the \
+             server's whole scaled-decode budget of 2 MiB (--max-scaled-decode-memory, \
+             TESSERA_MAX_SCALED_DECODE_MEMORY, max_scaled_decode_memory); raise it, or read \
+             with a smaller chunk target"
+        );
+    }
+}
