@@ -952,8 +952,8 @@ impl Uploads {
         })
     }
 
-    /// Where the chunk lives (chunk_locate); for a cell never sent, whose zeros are not in
-    /// any file, that the client reads them with do_get. Blocking.
+    /// Where the chunk lives (chunk_locate), or, for a cell never sent (its zeros are in no
+    /// file), that the client reads it with do_get. Blocking.
     pub fn locate(&self, target: &ChunkTarget) -> Result<LocateOutcome, UploadError> {
         let Some((data, key)) = self.stored(target)? else {
             return Ok(LocateOutcome::UseDoGet(Unlocatable::NeverSent {
