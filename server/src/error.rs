@@ -14,6 +14,8 @@ use bytes::Bytes;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 
+use crate::chunks::ChunkError;
+
 /// Everything a Flight call can fail with.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -219,6 +221,30 @@ fn bounded(mut message: String) -> String {
 
 /// Shorthand for results of the service.
 pub type ServiceResult<T> = Result<T, ServiceError>;
+
+/// The chunk layer's failures on the wire: the source's state and the server's limits are
+/// the caller's to act on (plan again, retry), the rest are the server's faults.
+impl From<ChunkError> for ServiceError {
+    fn from(err: ChunkError) -> Self {
+        let message = err.to_string();
+        match err {
+            ChunkError::SizeOverflow => Self::InvalidArgument(message),
+            ChunkError::SourceChanged { .. } => Self::Stale(message),
+            ChunkError::SourceBusy { .. }
+            | ChunkError::Abandoned { .. }
+            | ChunkError::OverBudget { .. }
+            | ChunkError::ShuttingDown => Self::Unavailable(message),
+            ChunkError::SourceRead { .. }
+            | ChunkError::SourceShort { .. }
+            | ChunkError::Reduce { .. }
+            | ChunkError::DecodeTask { .. }
+            | ChunkError::StoredUnreadable { .. }
+            | ChunkError::Encode { .. }
+            | ChunkError::Schema { .. }
+            | ChunkError::StoreRead { .. } => Self::Internal(message),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

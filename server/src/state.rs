@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use crate::catalog::tree::{Level, TreeIndex};
 use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunk_id::ChunkId;
-use crate::chunks::{ChunkService, EncodedChunk};
+use crate::chunks::{ChunkService, EncodedChunk, LocateOutcome};
 use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
@@ -192,11 +192,8 @@ impl ServiceState {
     }
 
     /// Where the chunk a ticket names lives in a segment file (`chunk_locate`), decoding
-    /// it first if it is cold. `Err(reason)` inside the `Ok`: use `do_get`.
-    pub async fn locate_chunk(
-        &self,
-        chunk_id: &[u8],
-    ) -> ServiceResult<Result<tessera_segments::Location, String>> {
+    /// it first if it is cold; or why the client should use `do_get`.
+    pub async fn locate_chunk(&self, chunk_id: &[u8]) -> ServiceResult<LocateOutcome> {
         if let Some(target) = self.upload_read_target(chunk_id)? {
             let uploads = self.uploads.clone();
             let located =
@@ -207,13 +204,13 @@ impl ServiceState {
                     })??;
             let located =
                 located.ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
-            if located.is_ok() {
+            if located.is_located() {
                 self.chunks.count_served(true);
             }
             return Ok(located);
         }
         let (tensor, id) = self.resolve_chunk(chunk_id)?;
-        self.chunks.locate(&tensor, &id).await
+        Ok(self.chunks.locate(&tensor, &id).await?)
     }
 
     /// Lets clients write, keeping what they write in `state_dir` (default: read-only, no

@@ -6,16 +6,16 @@
 //! file cache could not take while its appends fail.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tessera_proto::json::{CacheBackend, CacheStats};
-use tessera_segments::{EntryMeta, FileRange, Location, StoreError};
+use tessera_segments::{EntryMeta, FileRange, Location, StoreError, StoreStats};
 
-use super::store::{ChunkStore, FileAppend};
-use super::{EncodedChunk, Materialized};
-use crate::error::{ServiceError, ServiceResult};
+use super::store::{self, ChunkStore, FileAppend};
+use super::{ChunkError, EncodedChunk, Materialized, Unlocatable};
 use crate::source::npy::NpyError;
 
 /// Counters the memory cache reports in `cache_stats`.
@@ -125,7 +125,7 @@ impl MemoryCache {
 pub struct MemoryStore {
     cache: MemoryCache,
     /// Why the file cache is not in use, what `chunk_locate` answers.
-    reason: String,
+    reason: Arc<str>,
     schema_header: Bytes,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -133,12 +133,12 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     /// A store of at most `max_bytes` of chunks; `reason` says why chunks are kept in RAM.
-    pub fn new(max_bytes: u64, reason: String) -> ServiceResult<Self> {
+    pub fn new(max_bytes: u64, reason: String) -> Result<Self, ChunkError> {
         let message = tessera_segments::ipc::schema_message()
-            .map_err(|e| ServiceError::Internal(format!("encoding the chunk schema: {e}")))?;
+            .map_err(|source| ChunkError::Schema { source })?;
         Ok(Self {
             cache: MemoryCache::new(max_bytes),
-            reason,
+            reason: reason.into(),
             schema_header: Bytes::from(strip_prefix(message)),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -151,7 +151,7 @@ impl ChunkStore for MemoryStore {
         self.schema_header.clone()
     }
 
-    fn read(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
+    fn read(&self, key: &[u8]) -> Result<Option<EncodedChunk>, ChunkError> {
         let hit = self.cache.get(key);
         let counter = if hit.is_some() {
             &self.hits
@@ -170,8 +170,8 @@ impl ChunkStore for MemoryStore {
         false
     }
 
-    fn locate(&self, _key: &[u8]) -> Result<Option<Location>, String> {
-        Err(self.reason.clone())
+    fn locate(&self, _key: &[u8]) -> Result<Option<Location>, Unlocatable> {
+        Err(Unlocatable::MemoryStore(Arc::clone(&self.reason)))
     }
 
     /// RAM the reader may never claim is not filled ahead of it.
@@ -213,33 +213,17 @@ impl ChunkStore for MemoryStore {
 
     fn stats(&self) -> CacheStats {
         let mem = self.cache.stats();
-        CacheStats {
-            backend: CacheBackend::Memory,
+        let counters = StoreStats {
             total_entries: mem.entries,
             total_bytes: mem.bytes,
-            max_entries: 0,
             max_bytes: self.cache.max_bytes(),
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: mem.evictions,
-            pending_waits: 0,
-            ref_held_evictions_skipped: 0,
             oversized_skips: mem.oversized_skips,
-            unlinked_bytes: 0,
-            segments: 0,
-            locates: 0,
-            do_gets: 0,
-            budget_waits: 0,
-            budget_overruns: 0,
-            read_aheads: 0,
-            recuts: 0,
-            pinned_bytes: 0,
-            stalled_connections_closed: 0,
-            write_failures: 0,
-            disk_full_events: 0,
-            disk_ceiling_bytes: None,
-            writes_paused: None,
-        }
+            ..StoreStats::default()
+        };
+        store::cache_stats(CacheBackend::Memory, counters)
     }
 
     /// Nothing in RAM outlives the process.

@@ -19,6 +19,10 @@
 //!        └──────────▶ locatable, readable zero-copy ◀┘
 //! ```
 //!
+//! [`decode`] picks how a cold chunk reaches the store, one function per strategy: the two
+//! routes drawn above (file to file, or read into a buffer), or, before either, a recut out of
+//! the cached chunks of the tensor's other grid ([`recut`]: one copy, no source read).
+//!
 //! Why large chunks take the two-copy route (docs/decisions/0009): `copy_file_range` fills
 //! the segment's page cache through a 64 KiB pipe, so its folios stay small and every
 //! mapping of the chunk faults once per 64 KiB; one large write gets 2 MiB folios, mapped
@@ -39,6 +43,9 @@
 
 mod budget;
 mod buffers;
+mod decode;
+mod error;
+mod locate;
 mod memory;
 mod readahead;
 mod recut;
@@ -48,26 +55,24 @@ mod store;
 mod writes;
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tessera_proto::json::CacheStats;
-use tessera_segments::{EntryMeta, FileRange, Location, StoreError};
 use tokio::sync::Semaphore;
 
 use crate::chunk_id::ChunkId;
-use crate::error::{ServiceError, ServiceResult};
 use crate::grid::Region;
 use crate::metrics::Metrics;
-use crate::scaled::reduce::{self, ReduceError};
-use crate::source::npy::NpyError;
+use crate::scaled::reduce;
 use crate::source::registry::Tensor;
 pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
 use budget::{BudgetError, DecodeBudget, Reserved};
 use buffers::BufferPool;
+pub use error::ChunkError;
+pub use locate::{LocateOutcome, Unlocatable};
 use memory::MemoryCache;
 pub use memory::MemoryStore;
 use single_flight::SingleFlight;
@@ -114,17 +119,12 @@ pub const DEFAULT_READ_AHEAD_BYTES: u64 = 32 << 20;
 /// before a chunk of them is decoded (docs/decisions/0011).
 pub const DEFAULT_SETTLE_WINDOW: Duration = Duration::from_secs(1);
 
-/// Chunks of at least this many bytes are read into a pooled buffer and written with one
-/// large write instead of `copy_file_range` (one copy more), so that the segment's page
-/// cache holds 2 MiB folios (see the module docs). Below it a chunk cannot fill such a folio.
-const SPLICE_BELOW_BYTES: usize = 2 << 20;
-
 /// Decodes, caches and serves chunks.
 pub struct ChunkService {
     store: Arc<dyn ChunkStore>,
     /// Chunks the store could not take while its appends fail, served over `do_get`.
     fallback: MemoryCache,
-    flight: SingleFlight<Result<Materialized, ServiceError>>,
+    flight: SingleFlight<Result<Materialized, ChunkError>>,
     buffers: BufferPool,
     decode_permits: Semaphore,
     read_ahead_bytes: u64,
@@ -211,19 +211,19 @@ impl ChunkService {
         self: &Arc<Self>,
         tensor: &Arc<Tensor>,
         id: &ChunkId,
-    ) -> ServiceResult<EncodedChunk> {
+    ) -> Result<EncodedChunk, ChunkError> {
         self.do_gets.fetch_add(1, Ordering::Relaxed);
         let key = id.segment_key();
         let chunk = match self.cached(&key)? {
             Some(chunk) => chunk,
             None => match self.materialize(tensor, id, &key).await? {
                 Materialized::InMemory(chunk) => chunk,
-                Materialized::Stored => self.cached(&key)?.ok_or_else(|| {
-                    ServiceError::Internal(format!(
-                        "chunk of '{}' was stored but cannot be read back",
-                        id.array_id()
-                    ))
-                })?,
+                Materialized::Stored => {
+                    self.cached(&key)?
+                        .ok_or_else(|| ChunkError::StoredUnreadable {
+                            array_id: id.array_id().to_string(),
+                        })?
+                }
             },
         };
         // After this chunk's own decode, so the request is never queued behind its read-ahead.
@@ -242,40 +242,33 @@ impl ChunkService {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Where the chunk lives in a segment file, decoding it first if it is cold.
-    /// `Err(reason)` inside the `Ok` means the file cache cannot locate it: the
-    /// client should use `do_get`.
+    /// Where the chunk lives in a segment file, decoding it first if it is cold; or why the
+    /// client should read it with `do_get` instead.
     pub async fn locate(
         self: &Arc<Self>,
         tensor: &Arc<Tensor>,
         id: &ChunkId,
-    ) -> ServiceResult<Result<Location, String>> {
+    ) -> Result<LocateOutcome, ChunkError> {
         let key = id.segment_key();
         let held = match self.store.locate(&key) {
             Ok(held) => held,
-            Err(reason) => return Ok(Err(reason)),
+            Err(why) => return Ok(LocateOutcome::UseDoGet(why)),
         };
         let found = match held {
             Some(location) => Some(location),
             None => match self.materialize(tensor, id, &key).await? {
                 Materialized::Stored => self.store.locate(&key).ok().flatten(),
                 Materialized::InMemory(_) => {
-                    return Ok(Err(
-                        "the file cache could not store this chunk (see server log)".to_string(),
-                    ));
+                    return Ok(LocateOutcome::UseDoGet(Unlocatable::NotStored));
                 }
             },
         };
-        match found {
-            Some(location) => {
-                self.locates.fetch_add(1, Ordering::Relaxed);
-                self.read_ahead(tensor, id);
-                Ok(Ok(location))
-            }
-            None => Ok(Err(
-                "the chunk was evicted before it could be located".to_string()
-            )),
-        }
+        let Some(location) = found else {
+            return Ok(LocateOutcome::UseDoGet(Unlocatable::Evicted));
+        };
+        self.locates.fetch_add(1, Ordering::Relaxed);
+        self.read_ahead(tensor, id);
+        Ok(LocateOutcome::Located(location))
     }
 
     /// Starts background decodes of the cold chunks a sequential reader of `tensor` will
@@ -372,7 +365,7 @@ impl ChunkService {
         });
     }
 
-    fn cached(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
+    fn cached(&self, key: &[u8]) -> Result<Option<EncodedChunk>, ChunkError> {
         match self.store.read(key)? {
             Some(chunk) => Ok(Some(chunk)),
             None => Ok(self.fallback.get(key)),
@@ -384,7 +377,7 @@ impl ChunkService {
         tensor: &Arc<Tensor>,
         id: &ChunkId,
         key: &[u8],
-    ) -> ServiceResult<Materialized> {
+    ) -> Result<Materialized, ChunkError> {
         let (result, waited) = self
             .flight
             .run(key, || {
@@ -392,9 +385,11 @@ impl ChunkService {
                 let tensor = tensor.clone();
                 let id = id.clone();
                 async move {
-                    let permit = service.decode_permits.acquire().await.map_err(|_| {
-                        ServiceError::Unavailable("the server is shutting down".to_string())
-                    })?;
+                    let permit = service
+                        .decode_permits
+                        .acquire()
+                        .await
+                        .map_err(|_| ChunkError::ShuttingDown)?;
                     // Held by the decode itself, so it is given back when the decode ends.
                     let reserved = service.reserve_scaled(&tensor, &id).await?;
                     // Set when this future is dropped: nobody waits for the chunk any more,
@@ -411,8 +406,8 @@ impl ChunkService {
                     })
                     .await;
                     drop(permit);
-                    result.map_err(|e| {
-                        ServiceError::Internal(format!("chunk decode task failed: {e}"))
+                    result.map_err(|e| ChunkError::DecodeTask {
+                        source: Arc::new(e),
                     })?
                 }
             })
@@ -429,7 +424,7 @@ impl ChunkService {
         &self,
         tensor: &Tensor,
         id: &ChunkId,
-    ) -> ServiceResult<Option<Reserved>> {
+    ) -> Result<Option<Reserved>, ChunkError> {
         let Some(scale) = id.scale() else {
             return Ok(None);
         };
@@ -440,160 +435,13 @@ impl ChunkService {
         let needed = reduce::decode_bytes(out_bytes);
         match self.scaled_budget.reserve(needed).await {
             Ok(reserved) => Ok(Some(reserved)),
-            Err(BudgetError::OverBudget { needed, max }) => {
-                Err(ServiceError::Unavailable(format!(
-                    "a scaled chunk of '{}' needs {} MiB of server memory to compute, more than the \
-                 server's whole scaled-decode budget of {} MiB (--max-scaled-decode-memory, \
-                 TESSERA_MAX_SCALED_DECODE_MEMORY, max_scaled_decode_memory); raise it, or \
-                 read with a smaller chunk target",
-                    id.array_id(),
-                    needed.div_ceil(1 << 20),
-                    max >> 20
-                )))
-            }
-            Err(BudgetError::Closed) => Err(ServiceError::Unavailable(
-                "the server is shutting down".to_string(),
-            )),
+            Err(BudgetError::OverBudget { needed, max }) => Err(ChunkError::OverBudget {
+                array_id: id.array_id().to_string(),
+                needed,
+                max,
+            }),
+            Err(BudgetError::Closed) => Err(ChunkError::ShuttingDown),
         }
-    }
-
-    /// Blocking: read the region from the source (reducing it, for a scaled chunk) and
-    /// append it to the cache. A scaled chunk's computation stops once `stop` is set.
-    fn decode_and_store(
-        &self,
-        tensor: &Tensor,
-        id: &ChunkId,
-        stop: &AtomicBool,
-    ) -> ServiceResult<Materialized> {
-        let key = id.segment_key();
-        let shape = match id.scale() {
-            None => id.region().shape(),
-            Some(scale) => scale.reduced(&id.region().shape()),
-        };
-        let nbytes = shape
-            .iter()
-            .try_fold(tensor.itemsize(), |acc, &d| acc.checked_mul(d))
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| ServiceError::InvalidArgument("chunk size overflows".to_string()))?;
-        let meta = EntryMeta {
-            shape: shape.iter().map(|&d| d as i64).collect(),
-            dtype: tensor.dtype_str(),
-        };
-        let source_error = |e: NpyError| match e {
-            NpyError::SourceChanged { .. } => ServiceError::Stale(format!(
-                "source '{}' changed on disk since this chunk was planned ({e}); plan the read again",
-                tensor.source_id
-            )),
-            NpyError::SourceBusy { .. } => ServiceError::Unavailable(format!(
-                "source '{}' is being written, so its chunks are not served until the write is done ({e}); retry",
-                tensor.source_id
-            )),
-            other => {
-                ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id))
-            }
-        };
-        let mut try_append = self.writes.should_try();
-        // Cached chunks of the other grid hold these bytes: one copy from their mappings,
-        // no source read (`recut`); they are of the same content version, so no source check.
-        if try_append && let Some(appended) = self.append_cut(tensor, id, &key, &meta) {
-            match appended {
-                Ok(kept) => return Ok(kept),
-                Err(err) => {
-                    self.writes.failed(&err);
-                    try_append = false;
-                }
-            }
-        }
-        // Only bytes of one complete version are ever cached: no writer, nothing touched
-        // within the window, header and identity as planned (checked again after reading).
-        tensor
-            .file
-            .settle(self.settle_window)
-            .map_err(source_error)?;
-        let finished = || {
-            tensor.file.check_unchanged()?;
-            tensor.file.check_no_writer()
-        };
-        let started = std::time::Instant::now();
-        // One copy: source pages to segment pages inside the kernel, when the store can.
-        // The source is checked unchanged after the copy and before the entry is committed,
-        // so bytes of a file modified during the copy are never served under the old id.
-        if try_append
-            && id.scale().is_none()
-            && nbytes < SPLICE_BELOW_BYTES
-            && let Ok(file) = tensor.file.file()
-            && let Some(src) = source_range(tensor, id, &file)
-            && let Some(appended) = self.store.append_from_file(&key, &meta, src, &finished)
-        {
-            self.metrics.record_write(started.elapsed());
-            match appended {
-                Ok(Ok(())) => {
-                    self.writes.succeeded();
-                    return Ok(Materialized::Stored);
-                }
-                Ok(Err(changed)) => return Err(source_error(changed)),
-                Err(StoreError::SourceShort { .. }) => {
-                    tensor.file.check_unchanged().map_err(source_error)?;
-                    return Err(ServiceError::Internal(format!(
-                        "source '{}' ended before the chunk's bytes while its size looks unchanged",
-                        tensor.source_id
-                    )));
-                }
-                Err(err) => {
-                    self.writes.failed(&err);
-                    try_append = false;
-                }
-            }
-        }
-        let mut buffer = self.buffers.take(nbytes);
-        // read_region checks the file unchanged after reading: a write that raced the
-        // read is refused, never cached under the old version's id.
-        match id.scale() {
-            None => tensor
-                .file
-                .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
-                .map_err(source_error)?,
-            Some(scale) => reduce::reduce_chunk(
-                &tensor.file,
-                tensor.shape(),
-                id.region(),
-                scale,
-                buffer.as_mut_slice(),
-                stop,
-            )
-            .map_err(|e| match e {
-                ReduceError::Source(e) => source_error(e),
-                ReduceError::Cancelled => {
-                    tracing::debug!(array_id = id.array_id(), chunk = ?id.region(), "scaled decode stopped: nobody waits for it");
-                    ServiceError::Unavailable(format!(
-                        "the scaled chunk of '{}' was abandoned: its callers are gone",
-                        id.array_id()
-                    ))
-                }
-                other => ServiceError::Internal(format!(
-                    "reducing a chunk of '{}': {other}",
-                    tensor.source_id
-                )),
-            })?,
-        }
-        finished().map_err(source_error)?;
-
-        if try_append {
-            let started = std::time::Instant::now();
-            let appended = self.store.append(&key, &meta, &[buffer.as_slice()]);
-            self.metrics.record_write(started.elapsed());
-            match appended {
-                Ok(kept) => {
-                    self.writes.succeeded();
-                    return Ok(kept);
-                }
-                Err(err) => self.writes.failed(&err),
-            }
-        }
-        let chunk = memory::encode_in_memory(&key, &meta, buffer.as_slice())
-            .map_err(|e| ServiceError::Internal(format!("encoding chunk message: {e}")))?;
-        self.fallback.insert(&key, chunk.clone());
-        Ok(Materialized::InMemory(chunk))
     }
 
     /// Whether a local client can map chunks now: the store keeps them in files and its
@@ -643,21 +491,4 @@ impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
-}
-
-/// The chunk's bytes as one byte range of the source file, when they are one contiguous run
-/// of a C-order payload (the usual case: the grid splits the slowest axes first). `None`
-/// sends the chunk through the gathering read.
-fn source_range<'a>(tensor: &Tensor, id: &ChunkId, file: &'a File) -> Option<FileRange<'a>> {
-    let header = tensor.file.header();
-    if !header.is_c_layout() {
-        return None;
-    }
-    let elements = crate::grid::element_range(id.region(), &header.shape, false)?;
-    let itemsize = tensor.itemsize();
-    let offset = header
-        .data_offset
-        .checked_add(elements.start.checked_mul(itemsize)?)?;
-    let len = (elements.end - elements.start).checked_mul(itemsize)?;
-    Some(FileRange { file, offset, len })
 }

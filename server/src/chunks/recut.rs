@@ -15,44 +15,50 @@
 //! their bytes are the same bytes (a chunk id names its bytes forever).
 
 use std::ops::Range;
-
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tessera_segments::ipc::DATA_BODY_OFFSET;
-use tessera_segments::{EntryMeta, StoreError};
 
-use super::{ChunkService, Materialized};
+use super::decode::{ColdChunk, Keep};
+use super::{ChunkError, ChunkService, Materialized};
 use crate::chunk_id::ChunkId;
 use crate::grid::{ChunkGrid, Region, element_range};
 use crate::source::registry::Tensor;
 
 impl ChunkService {
-    /// Appends the cell `id` (under `key`, described by `meta`) cut from the other grid's
-    /// cached chunks; `None` when it cannot be cut, so the source is read instead.
-    pub(super) fn append_cut(
+    /// The recut strategy: appends the cell `id` from `parts`, the other grid's cached bytes
+    /// of it in order (one copy, from their mappings into the segment). After a failed
+    /// append the cell is read from the source and kept in memory instead.
+    pub(super) fn store_recut(
         &self,
         tensor: &Tensor,
         id: &ChunkId,
-        key: &[u8],
-        meta: &EntryMeta,
-    ) -> Option<Result<Materialized, StoreError>> {
-        let parts = self.cut_from_other_grid(tensor, id)?;
+        chunk: &ColdChunk,
+        parts: &[Bytes],
+        stop: &AtomicBool,
+    ) -> Result<Materialized, ChunkError> {
         let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_ref()).collect();
         let started = std::time::Instant::now();
-        let appended = self.store.append(key, meta, &parts);
+        let appended = self.store.append(&chunk.key, &chunk.meta, &parts);
         self.metrics.record_write(started.elapsed());
-        if appended.is_ok() {
-            self.writes.succeeded();
-            self.recuts.fetch_add(1, Ordering::Relaxed);
+        match appended {
+            Ok(kept) => {
+                self.writes.succeeded();
+                self.recuts.fetch_add(1, Ordering::Relaxed);
+                Ok(kept)
+            }
+            Err(err) => {
+                self.writes.failed(&err);
+                self.store_read(tensor, id, chunk, Keep::Memory, stop)
+            }
         }
-        Some(appended)
     }
 
     /// The C-order bytes of the unscaled cell `id`, as slices of the mappings of cached
     /// chunks of the tensor's other grid, in order; `None` when they cannot all be cut
     /// that way (a chunk not cached, an overlap that is not one run, a scaled chunk).
-    fn cut_from_other_grid(&self, tensor: &Tensor, id: &ChunkId) -> Option<Vec<Bytes>> {
+    pub(super) fn cut_from_other_grid(&self, tensor: &Tensor, id: &ChunkId) -> Option<Vec<Bytes>> {
         if id.scale().is_some() || tensor.grid == tensor.mapped_grid {
             return None;
         }

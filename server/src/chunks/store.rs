@@ -5,17 +5,26 @@
 //! where does it live, keep this one, how full are you) and never matches on the kind; a
 //! store that cannot answer a question (RAM cannot be located by a client) says why.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use tessera_proto::json::{CacheBackend, CacheStats};
-use tessera_segments::{EntryMeta, FileRange, Location, Store, StoreError};
+use tessera_segments::{EntryMeta, FileRange, Location, Store, StoreError, StoreStats};
 
-use super::{EncodedChunk, Materialized};
-use crate::error::{ServiceError, ServiceResult};
+use super::{ChunkError, EncodedChunk, Materialized, Unlocatable};
 use crate::source::npy::NpyError;
 
-/// The outcome of [`ChunkStore::append_from_file`]: the store's own failure outside, the
-/// caller's source check inside.
-pub type FileAppend = Result<Result<(), NpyError>, StoreError>;
+/// The outcome of [`ChunkStore::append_from_file`].
+#[derive(Debug)]
+pub enum FileAppend {
+    /// The chunk is kept, the caller's check passed after the copy.
+    Stored,
+    /// The caller's check refused after the copy (the source changed or is being written):
+    /// nothing is kept.
+    CheckRefused(NpyError),
+    /// The store failed (a full disk, an I/O error, a source shorter than its range).
+    Failed(StoreError),
+}
 
 /// A place that keeps encoded chunks under their segment keys.
 pub trait ChunkStore: Send + Sync {
@@ -23,7 +32,7 @@ pub trait ChunkStore: Send + Sync {
     fn schema_header(&self) -> Bytes;
 
     /// The chunk under `key`, if held.
-    fn read(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>>;
+    fn read(&self, key: &[u8]) -> Result<Option<EncodedChunk>, ChunkError>;
 
     /// Whether `key` is held, without counting a hit or a miss (read-ahead asks this).
     fn contains(&self, key: &[u8]) -> bool;
@@ -32,8 +41,8 @@ pub trait ChunkStore: Send + Sync {
     fn mappable(&self) -> bool;
 
     /// Where the chunk under `key` lives in a segment file (`Ok(None)` when not held);
-    /// `Err(reason)` when this store keeps nothing a client could map.
-    fn locate(&self, key: &[u8]) -> Result<Option<Location>, String>;
+    /// `Err` when this store keeps nothing a client could map, saying why.
+    fn locate(&self, key: &[u8]) -> Result<Option<Location>, Unlocatable>;
 
     /// How many bytes the store can hold, when chunks may be decoded into it ahead of a
     /// sequential reader; `None` turns read-ahead off.
@@ -83,11 +92,10 @@ impl ChunkStore for SegmentFiles {
         self.store.schema_message()
     }
 
-    fn read(&self, key: &[u8]) -> ServiceResult<Option<EncodedChunk>> {
-        let found = self
-            .store
-            .read(key)
-            .map_err(|e| ServiceError::Internal(format!("segment store read failed: {e}")))?;
+    fn read(&self, key: &[u8]) -> Result<Option<EncodedChunk>, ChunkError> {
+        let found = self.store.read(key).map_err(|e| ChunkError::StoreRead {
+            source: Arc::new(e),
+        })?;
         Ok(found.map(|entry| EncodedChunk {
             header: entry.header,
             body: entry.body,
@@ -102,7 +110,7 @@ impl ChunkStore for SegmentFiles {
         true
     }
 
-    fn locate(&self, key: &[u8]) -> Result<Option<Location>, String> {
+    fn locate(&self, key: &[u8]) -> Result<Option<Location>, Unlocatable> {
         Ok(self.store.locate(key))
     }
 
@@ -128,45 +136,53 @@ impl ChunkStore for SegmentFiles {
         check: &dyn Fn() -> Result<(), NpyError>,
     ) -> Option<FileAppend> {
         Some(
-            self.store
-                .append_from_file_checked(key, meta, src, check)
-                .map(|checked| checked.map(|_| ())),
+            match self.store.append_from_file_checked(key, meta, src, check) {
+                Ok(Ok(_)) => FileAppend::Stored,
+                Ok(Err(refused)) => FileAppend::CheckRefused(refused),
+                Err(failed) => FileAppend::Failed(failed),
+            },
         )
     }
 
     fn stats(&self) -> CacheStats {
-        let s = self.store.stats();
-        CacheStats {
-            backend: CacheBackend::File,
-            total_entries: s.total_entries,
-            total_bytes: s.total_bytes,
-            max_entries: s.max_entries,
-            max_bytes: s.max_bytes,
-            hits: s.hits,
-            misses: s.misses,
-            evictions: s.evictions,
-            pending_waits: s.pending_waits,
-            ref_held_evictions_skipped: s.ref_held_evictions_skipped,
-            oversized_skips: s.oversized_skips,
-            unlinked_bytes: s.unlinked_bytes,
-            segments: s.segments,
-            locates: 0,
-            do_gets: 0,
-            budget_waits: s.budget_waits,
-            budget_overruns: s.budget_overruns,
-            read_aheads: 0,
-            recuts: 0,
-            pinned_bytes: 0,
-            stalled_connections_closed: 0,
-            write_failures: 0,
-            disk_full_events: s.disk_full_events,
-            disk_ceiling_bytes: s.disk_ceiling,
-            writes_paused: None,
-        }
+        cache_stats(CacheBackend::File, self.store.stats())
     }
 
     fn close(&self) -> Result<(), StoreError> {
         self.store.close()
+    }
+}
+
+/// A store's part of the `cache_stats` reply, from its counters; the figures only the
+/// service or the wire know (requests by route, read-aheads, recuts, write failures,
+/// unread replies) start at zero for them to fill.
+pub(super) fn cache_stats(backend: CacheBackend, s: StoreStats) -> CacheStats {
+    CacheStats {
+        backend,
+        total_entries: s.total_entries,
+        total_bytes: s.total_bytes,
+        max_entries: s.max_entries,
+        max_bytes: s.max_bytes,
+        hits: s.hits,
+        misses: s.misses,
+        evictions: s.evictions,
+        pending_waits: s.pending_waits,
+        ref_held_evictions_skipped: s.ref_held_evictions_skipped,
+        oversized_skips: s.oversized_skips,
+        unlinked_bytes: s.unlinked_bytes,
+        segments: s.segments,
+        locates: 0,
+        do_gets: 0,
+        budget_waits: s.budget_waits,
+        budget_overruns: s.budget_overruns,
+        read_aheads: 0,
+        recuts: 0,
+        pinned_bytes: 0,
+        stalled_connections_closed: 0,
+        write_failures: 0,
+        disk_full_events: s.disk_full_events,
+        disk_ceiling_bytes: s.disk_ceiling,
+        writes_paused: None,
     }
 }
 
@@ -214,7 +230,7 @@ mod tests {
         }
         assert_eq!(bodies[0], bodies[1], "same schema and body size");
         assert!(files.locate(b"k").unwrap().is_some());
-        assert_eq!(memory.locate(b"k").unwrap_err(), "configured");
+        assert_eq!(memory.locate(b"k").unwrap_err().to_string(), "configured");
         assert!(files.mappable() && !memory.mappable());
         assert!(files.read_ahead_room().is_some());
         assert!(memory.read_ahead_room().is_none());

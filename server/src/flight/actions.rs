@@ -23,6 +23,7 @@ use tessera_proto::ticket::{TicketPayload, decode_ticket};
 
 use super::BoxStream;
 use crate::catalog::tree::DEFAULT_LIMIT;
+use crate::chunks::LocateOutcome;
 use crate::error::{ServiceError, ServiceResult};
 use crate::source::runtime::{self, AddReport, RuntimeError};
 use crate::state::ServiceState;
@@ -339,7 +340,7 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
         }
     };
     Ok(match state.locate_chunk(&chunk_id).await? {
-        Ok(location) => {
+        LocateOutcome::Located(location) => {
             state.metrics().record_located_bytes(location.byte_length);
             state.note_locate();
             ChunkLocateReply::located(
@@ -349,6 +350,6 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
                 location.generation_id,
             )
         }
-        Err(reason) => ChunkLocateReply::unavailable(reason),
+        LocateOutcome::UseDoGet(why) => ChunkLocateReply::unavailable(why.to_string()),
     })
 }

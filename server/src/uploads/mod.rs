@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arrow_array::RecordBatch;
 use parking_lot::{Mutex, RwLock};
 use tessera_proto::pb::{TensorDescriptor, UploadStatus};
-use tessera_segments::{EntryMeta, Location};
+use tessera_segments::EntryMeta;
 
 pub use batch::arrow_type;
 pub use data::{ChunkData, DataError};
@@ -43,7 +43,7 @@ pub use manifest::{Manifest, ManifestError};
 pub use record::{State, UploadRecord};
 
 use crate::chunk_id::{ChunkId, ContentVersion};
-use crate::chunks::EncodedChunk;
+use crate::chunks::{EncodedChunk, LocateOutcome, Unlocatable};
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
 use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};
@@ -952,18 +952,16 @@ impl Uploads {
         })
     }
 
-    /// Where the chunk lives (chunk_locate); `Err(reason)` inside the `Ok` for a cell never
-    /// sent, whose zeros are not in any file: the client reads them with do_get. Blocking.
-    pub fn locate(&self, target: &ChunkTarget) -> Result<Result<Location, String>, UploadError> {
+    /// Where the chunk lives (chunk_locate), or, for a cell never sent (its zeros are in no
+    /// file), that the client reads it with do_get. Blocking.
+    pub fn locate(&self, target: &ChunkTarget) -> Result<LocateOutcome, UploadError> {
         let Some((data, key)) = self.stored(target)? else {
-            return Ok(Err(format!(
-                "this chunk of '{}' was never sent: it reads as zeros, which are not stored; \
-                 fetch it with do_get",
-                target.id.array_id()
-            )));
+            return Ok(LocateOutcome::UseDoGet(Unlocatable::NeverSent {
+                array_id: target.id.array_id().to_string(),
+            }));
         };
         data.locate(&key)
-            .map(Ok)
+            .map(LocateOutcome::Located)
             .ok_or_else(|| Self::missing("chunk_locate", target))
     }
 
