@@ -36,7 +36,6 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use tokio::sync::Semaphore;
 
-use crate::error::ServiceError;
 pub use tables::{SOURCES, Snapshot, TABLES, TENSORS, table_schema};
 
 /// Bounds on one catalog query.
@@ -110,12 +109,6 @@ pub enum CatalogError {
     /// function) or failed while running it.
     #[error("{0}")]
     Engine(#[from] DataFusionError),
-}
-
-impl From<CatalogError> for ServiceError {
-    fn from(err: CatalogError) -> Self {
-        ServiceError::Catalog(err.to_string())
-    }
 }
 
 /// The result of one catalog query, bounded, ready to stream.
