@@ -414,6 +414,7 @@ pub type ServiceResult<T> = Result<T, ServiceError>;
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use datafusion::common::DataFusionError;
 
     /// Bytes of the status's headers as HTTP/2 counts them against a peer's header-list
     /// limit (name + value + 32 per field).
@@ -478,7 +479,8 @@ mod tests {
             "\u{e9}".repeat(1 << 19),
             "y".repeat(1 << 20),
         ] {
-            let status = Status::from(ServiceError::from(CatalogError::Worker(text)));
+            let refused = DataFusionError::Plan(text);
+            let status = Status::from(ServiceError::from(CatalogError::from(refused)));
             let size = header_list_size(&status);
             assert!(size < 12 << 10, "{size} bytes of headers");
         }
