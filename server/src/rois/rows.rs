@@ -420,7 +420,10 @@ mod tests {
         let only_ids = batch.project(&[0])?;
         assert_eq!(ids_from_batch(&only_ids)?, vec!["id-1".to_string()]);
         let missing = batch.project(&[0, 1])?;
-        let err = from_batch(&missing).err().map(|e| e.0).unwrap_or_default();
+        let err = from_batch(&missing)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("missing column 'set_name'"), "{err}");
         Ok(())
     }
