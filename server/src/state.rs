@@ -18,9 +18,7 @@ use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
 use crate::rois::Annotations;
 use crate::route::{LoopbackPlans, Route, RoutePlanner};
-use crate::scaled::Method;
 use crate::scaled::pyramid::PyramidPolicy;
-use crate::source::npy::Kind;
 use crate::source::registry::{OpenOptions, Registry, Tensor};
 use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
@@ -432,7 +430,7 @@ impl ServiceState {
                         tensor.shape()
                     )));
                 }
-                if scale.method() == Method::Area && tensor.file.header().dtype.kind == Kind::Bool {
+                if scale.check_dtype(&tensor.file.header().dtype).is_err() {
                     return Err(ServiceError::InvalidArgument(format!(
                         "chunk ticket of '{}' asks for 'area' of a bool tensor, which is refused",
                         id.array_id()

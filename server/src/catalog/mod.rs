@@ -36,7 +36,6 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use tokio::sync::Semaphore;
 
-use crate::error::ServiceError;
 pub use tables::{SOURCES, Snapshot, TABLES, TENSORS, table_schema};
 
 /// Bounds on one catalog query.
@@ -104,18 +103,29 @@ pub enum CatalogError {
     #[error("the catalog stayed busy for {0:?} with other queries; try again")]
     Busy(Duration),
     /// A worker thread could not start or ended without an answer.
-    #[error("{0}")]
-    Worker(String),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
     /// DataFusion refused the SQL (parse, planning, DDL/DML, unknown table or
     /// function) or failed while running it.
     #[error("{0}")]
     Engine(#[from] DataFusionError),
 }
 
-impl From<CatalogError> for ServiceError {
-    fn from(err: CatalogError) -> Self {
-        ServiceError::Catalog(err.to_string())
-    }
+/// Why a catalog worker gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Its thread could not start.
+    #[error("starting a catalog worker: {0}")]
+    Thread(#[source] std::io::Error),
+    /// Its runtime could not start.
+    #[error("starting a catalog runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The pool of workers is closed (the server is stopping).
+    #[error("no catalog worker: {0}")]
+    Closed(#[source] tokio::sync::AcquireError),
+    /// The worker ended without sending its answer.
+    #[error("the catalog worker stopped without an answer")]
+    Stopped,
 }
 
 /// The result of one catalog query, bounded, ready to stream.
@@ -181,7 +191,7 @@ impl Catalog {
             tokio::time::timeout(self.limits.timeout, self.workers.clone().acquire_owned())
                 .await
                 .map_err(|_elapsed| CatalogError::Busy(self.limits.timeout))?
-                .map_err(|closed| CatalogError::Worker(format!("no catalog worker: {closed}")))?;
+                .map_err(WorkerError::Closed)?;
         let job = worker::Job {
             snapshot: snapshot.clone(),
             sql: sql.to_string(),
@@ -193,9 +203,7 @@ impl Catalog {
         let answer = tokio::time::timeout(self.limits.timeout, worker::spawn(job, permit)?)
             .await
             .map_err(|_elapsed| CatalogError::TimedOut(self.limits.timeout))?
-            .map_err(|_dropped| {
-                CatalogError::Worker("the catalog worker stopped without an answer".to_string())
-            })??;
+            .map_err(|_dropped| WorkerError::Stopped)??;
         tracing::info!(
             sql,
             returned_rows = answer.returned_rows,

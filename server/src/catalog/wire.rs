@@ -3,12 +3,13 @@
 
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use arrow_schema::Schema;
 use futures::{Stream, StreamExt};
 use tonic::Status;
 
 use super::QueryAnswer;
 use super::tables::{TABLES, table_schema};
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, ServiceError, ServiceResult};
 
 /// The answer as a Flight stream: the schema message (with the row-count
 /// metadata, sent even when there are no rows), then the batches, split by the
@@ -22,8 +23,9 @@ pub fn flight_data(
         .build(batches)
         .map(|item| {
             item.map_err(|e| {
-                Status::from(ServiceError::Internal(format!(
-                    "encoding a catalog answer: {e}"
+                Status::from(ServiceError::from(Fault::encode_stream(
+                    "a catalog answer",
+                    e,
                 )))
             })
         })
@@ -32,9 +34,7 @@ pub fn flight_data(
 /// `batch` as the bytes of an Arrow IPC stream (schema message, the batch, end marker):
 /// the `source_row` of a `resolve` reply.
 pub fn ipc_stream(batch: &arrow_array::RecordBatch) -> ServiceResult<Vec<u8>> {
-    let encode = |e: arrow_schema::ArrowError| {
-        ServiceError::Internal(format!("encoding a catalog row: {e}"))
-    };
+    let encode = |e| ServiceError::from(Fault::encode("a catalog row", e));
     let mut out = Vec::new();
     let mut writer =
         arrow_ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).map_err(encode)?;
@@ -44,28 +44,25 @@ pub fn ipc_stream(batch: &arrow_array::RecordBatch) -> ServiceResult<Vec<u8>> {
     Ok(out)
 }
 
-/// The `FlightInfo` of catalog table `name` (`None` when `name` is not one):
-/// descriptor PATH `[name]`, the table's schema, one endpoint whose ticket runs
-/// `SELECT * FROM <name>`, and unknown totals (-1).
-pub fn table_flight_info(name: &str) -> ServiceResult<Option<FlightInfo>> {
-    let Some(schema) = table_schema(name) else {
-        return Ok(None);
-    };
+/// The `FlightInfo` of catalog table `name`, whose schema is `schema`: descriptor PATH
+/// `[name]`, the schema, one endpoint whose ticket runs `SELECT * FROM <name>`, and unknown
+/// totals (-1).
+pub fn table_flight_info(name: &str, schema: &Schema) -> ServiceResult<FlightInfo> {
     let ticket = tessera_proto::ticket::catalog_ticket(&format!("SELECT * FROM {name}"));
-    let info = FlightInfo::new()
-        .try_with_schema(&schema)
-        .map_err(|e| ServiceError::Internal(format!("encoding the schema of '{name}': {e}")))?
+    Ok(FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| ServiceError::from(Fault::encode(format!("the schema of '{name}'"), e)))?
         .with_descriptor(FlightDescriptor::new_path(vec![name.to_string()]))
         .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
         .with_total_records(-1)
-        .with_total_bytes(-1);
-    Ok(Some(info))
+        .with_total_bytes(-1))
 }
 
 /// The `FlightInfo`s of every catalog table, for ListFlights.
 pub fn table_flight_infos() -> ServiceResult<Vec<FlightInfo>> {
     TABLES
         .iter()
-        .filter_map(|name| table_flight_info(name).transpose())
+        .filter_map(|name| Some((name, table_schema(name)?)))
+        .map(|(name, schema)| table_flight_info(name, &schema))
         .collect()
 }

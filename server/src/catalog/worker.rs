@@ -19,7 +19,7 @@ use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
-use super::{CatalogError, CatalogLimits, QueryAnswer, Snapshot, guard, session};
+use super::{CatalogError, CatalogLimits, QueryAnswer, Snapshot, WorkerError, guard, session};
 
 /// Stack of a catalog worker thread. Only the pages a query touches are used.
 const STACK_BYTES: usize = 64 << 20;
@@ -51,7 +51,7 @@ pub(super) fn spawn(job: Job, permit: OwnedSemaphorePermit) -> Result<AnswerRx, 
             // If the caller went away (the client cancelled), the answer is dropped.
             let _ = answer_tx.send(answer);
         })
-        .map_err(|e| CatalogError::Worker(format!("starting a catalog worker: {e}")))?;
+        .map_err(WorkerError::Thread)?;
     Ok(answer_rx)
 }
 
@@ -61,7 +61,7 @@ impl Job {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
-            .map_err(|e| CatalogError::Worker(format!("starting a catalog runtime: {e}")))?;
+            .map_err(WorkerError::Runtime)?;
         let timeout = self.limits.timeout;
         runtime.block_on(async {
             match tokio::time::timeout(timeout, self.execute()).await {

@@ -24,7 +24,7 @@ use tessera_proto::ticket::{TicketPayload, decode_ticket};
 use super::BoxStream;
 use crate::catalog::tree::DEFAULT_LIMIT;
 use crate::chunks::LocateOutcome;
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, NotServed, RequestError, ServiceError, ServiceResult};
 use crate::source::runtime::{self, AddReport, RuntimeError};
 use crate::state::ServiceState;
 
@@ -78,12 +78,22 @@ pub fn action_types() -> Vec<ActionType> {
 fn json(value: &impl serde::Serialize) -> ServiceResult<Bytes> {
     serde_json::to_vec(value)
         .map(Bytes::from)
-        .map_err(|e| ServiceError::Internal(format!("encoding JSON reply: {e}")))
+        .map_err(|e| Fault::Json(Arc::new(e)).into())
 }
 
-/// Runs the action named `kind` with `body` and returns the one result body.
-pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceResult<Bytes> {
-    match kind {
+/// What an action answers: one result body, or a stream of results.
+pub enum Reply {
+    /// The one result of `health`, `chunk_locate` and the other one-shot actions.
+    One(Bytes),
+    /// The results of `resolve` and `add_source`, streamed as they come.
+    Stream(BoxStream<arrow_flight::Result>),
+}
+
+/// Runs the action named `kind` with `body`.
+pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceResult<Reply> {
+    let one = match kind {
+        ACTION_RESOLVE => return Ok(Reply::Stream(resolve(state, body)?)),
+        ACTION_ADD_SOURCE => return Ok(Reply::Stream(add_source(state, body)?)),
         ACTION_HEALTH => json(&health(state)),
         ACTION_CHUNK_LOCATE => json(&chunk_locate(state, body).await?),
         ACTION_CACHE_STATS => json(&cache_stats(state)),
@@ -92,22 +102,12 @@ pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceR
         ACTION_ROI_PRUNE => super::roi::prune(state, body).await,
         ACTION_ADD_TENSOR => add_tensor(state, body),
         ACTION_SET_UPLOAD_STATUS => set_upload_status(state, body),
-        other => Err(ServiceError::UnknownAction(other.to_string())),
-    }
-}
-
-/// Runs the action named `kind` if it answers with a stream of results; `None` for the
-/// actions [`run`] answers.
-pub fn run_streaming(
-    state: &Arc<ServiceState>,
-    kind: &str,
-    body: &[u8],
-) -> ServiceResult<Option<BoxStream<arrow_flight::Result>>> {
-    Ok(match kind {
-        ACTION_RESOLVE => Some(resolve(state, body)?),
-        ACTION_ADD_SOURCE => Some(add_source(state, body)?),
-        _ => None,
-    })
+        other => Err(NotServed::Action {
+            name: other.to_string(),
+        }
+        .into()),
+    };
+    one.map(Reply::One)
 }
 
 /// `{key, limit}`, both optional, to one level of the catalog tree.
@@ -115,12 +115,7 @@ fn catalog_children(
     state: &ServiceState,
     body: &[u8],
 ) -> ServiceResult<crate::catalog::tree::Level> {
-    let bad = || {
-        ServiceError::InvalidArgument(
-            "catalog_children takes a JSON object {\"key\": a string, \"limit\": a positive integer}"
-                .to_string(),
-        )
-    };
+    let bad = || ServiceError::from(RequestError::CatalogChildrenBody);
     let request: serde_json::Value = if body.is_empty() {
         serde_json::json!({})
     } else {
@@ -150,9 +145,7 @@ fn result(message: &impl Message) -> arrow_flight::Result {
 /// resolved as soon as it opens, so no other heartbeat is needed.
 fn resolve(state: &ServiceState, body: &[u8]) -> ServiceResult<BoxStream<arrow_flight::Result>> {
     let started = Instant::now();
-    let source_id = std::str::from_utf8(body).map_err(|_| {
-        ServiceError::InvalidArgument("resolve takes a source id as UTF-8 text".to_string())
-    })?;
+    let source_id = std::str::from_utf8(body).map_err(|_| RequestError::ResolveBody)?;
     let row = state
         .source_row(source_id)
         .map_err(ServiceError::as_value_error)?;
@@ -187,13 +180,6 @@ fn resolve(state: &ServiceState, body: &[u8]) -> ServiceResult<BoxStream<arrow_f
     Ok(super::once(vec![result(&progress), result(&row)]))
 }
 
-fn runtime_refusal(err: RuntimeError) -> ServiceError {
-    match err {
-        RuntimeError::Disabled => ServiceError::Unsupported(err.to_string()),
-        other => ServiceError::InvalidArgument(other.to_string()),
-    }
-}
-
 /// How many progress messages may wait for a slow reader before the walk waits too.
 const PROGRESS_QUEUE: usize = 16;
 
@@ -203,15 +189,15 @@ fn add_source(
     state: &Arc<ServiceState>,
     body: &[u8],
 ) -> ServiceResult<BoxStream<arrow_flight::Result>> {
-    let request = AddSourceRequest::decode(body)
-        .map_err(|e| ServiceError::InvalidArgument(format!("malformed add_source request: {e}")))?;
+    let request =
+        AddSourceRequest::decode(body).map_err(|source| RequestError::AddSourceBody { source })?;
     if !matches!(request.source_type.as_str(), "" | "npy") {
-        return Err(ServiceError::InvalidArgument(format!(
-            "source_type '{}' is not served by Tessera: it serves .npy files only (leave it empty or 'npy')",
-            request.source_type
-        )));
+        return Err(RequestError::SourceType {
+            source_type: request.source_type,
+        }
+        .into());
     }
-    let plan = runtime::plan_add(state.runtime_roots(), &request.url).map_err(runtime_refusal)?;
+    let plan = runtime::plan_add(state.runtime_roots(), &request.url)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<arrow_flight::Result>(PROGRESS_QUEUE);
     let worker_state = state.clone();
     tokio::task::spawn_blocking(move || {
@@ -258,22 +244,20 @@ fn add_result(report: AddReport) -> AddSourceResult {
 
 /// Declares an upload: the request's `TensorDescriptor` in, the server's out.
 fn add_tensor(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
-    let request = TensorDescriptor::decode(body).map_err(|e| {
-        ServiceError::InvalidArgument(format!("add_tensor takes a TensorDescriptor: {e}"))
-    })?;
+    let request =
+        TensorDescriptor::decode(body).map_err(|source| RequestError::AddTensorBody { source })?;
     Ok(Bytes::from(state.add_tensor(&request)?.encode_to_vec()))
 }
 
 /// Moves an upload along its ladder; an unset `UploadStatus` answers UNKNOWN.
 fn set_upload_status(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> {
-    let request = SetUploadStatus::decode(body).map_err(|e| {
-        ServiceError::InvalidArgument(format!("set_upload_status takes a SetUploadStatus: {e}"))
-    })?;
+    let request = SetUploadStatus::decode(body)
+        .map_err(|source| RequestError::SetUploadStatusBody { source })?;
     let Some(to) = crate::uploads::State::from_wire(request.state) else {
-        return Err(ServiceError::InvalidArgument(format!(
-            "set_upload_status: {} is not a state to move to (PENDING, READY or DISCARDED)",
-            request.state
-        )));
+        return Err(RequestError::UploadState {
+            state: request.state,
+        }
+        .into());
     };
     let status = state.set_upload_status(&request.array_id, to, &request.reason)?;
     Ok(Bytes::from(status.unwrap_or_default().encode_to_vec()))
@@ -281,13 +265,12 @@ fn set_upload_status(state: &ServiceState, body: &[u8]) -> ServiceResult<Bytes> 
 
 /// Removes the runtime sources at or under a `dnd://` url.
 fn remove_source(state: &Arc<ServiceState>, body: &[u8]) -> ServiceResult<Bytes> {
-    let request = RemoveSourceRequest::decode(body).map_err(|e| {
-        ServiceError::InvalidArgument(format!("malformed remove_source request: {e}"))
-    })?;
+    let request = RemoveSourceRequest::decode(body)
+        .map_err(|source| RequestError::RemoveSourceBody { source })?;
     if state.runtime_roots().roots.is_empty() {
-        return Err(runtime_refusal(RuntimeError::Disabled));
+        return Err(RuntimeError::Disabled.into());
     }
-    let removed = runtime::remove(state.sources(), &request.root_url).map_err(runtime_refusal)?;
+    let removed = runtime::remove(state.sources(), &request.root_url)?;
     if !removed.is_empty() {
         let state = state.clone();
         tokio::task::spawn_blocking(move || state.catalog_tree());
@@ -329,15 +312,11 @@ fn health(state: &ServiceState) -> Health {
 }
 
 async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkLocateReply> {
-    let chunk_id = match decode_ticket(body)
-        .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk_locate body: {e}")))?
-    {
+    let chunk_id = match decode_ticket(body).map_err(|e| RequestError::ChunkLocateBody {
+        source: Arc::new(e),
+    })? {
         TicketPayload::ChunkId(id) => id,
-        _ => {
-            return Err(ServiceError::InvalidArgument(
-                "chunk_locate takes a chunk ticket (TensorTicket{chunk_id})".to_string(),
-            ));
-        }
+        _ => return Err(RequestError::ChunkLocateTicket.into()),
     };
     Ok(match state.locate_chunk(&chunk_id).await? {
         LocateOutcome::Located(location) => {

@@ -46,6 +46,17 @@ pub fn validate_token(token: &str) -> Result<(), BadToken> {
 /// The HTTP path of Flight's DoGet.
 pub const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
 
+/// Why a call's token was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// The call carried no `authorization` header.
+    #[error("missing token: send 'authorization: Bearer <token>'")]
+    Missing,
+    /// The header is not the server's token.
+    #[error("invalid token")]
+    Invalid,
+}
+
 /// A DoGet whose token was refused, let through to the chunk route: only a sealed ROI
 /// ticket may stand in for the token; every other ticket is answered with this refusal.
 #[derive(Clone, Debug)]
@@ -74,14 +85,12 @@ impl TokenCheck {
     fn refusal(&self, headers: &http::HeaderMap) -> Option<ServiceError> {
         let expected = self.expected.as_ref()?;
         let Some(given) = headers.get(tessera_proto::AUTHORIZATION_HEADER) else {
-            return Some(ServiceError::Unauthenticated(
-                "missing token: send 'authorization: Bearer <token>'".to_string(),
-            ));
+            return Some(TokenError::Missing.into());
         };
         if bool::from(given.as_bytes().ct_eq(expected)) {
             None
         } else {
-            Some(ServiceError::Unauthenticated("invalid token".to_string()))
+            Some(TokenError::Invalid.into())
         }
     }
 }

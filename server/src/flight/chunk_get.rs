@@ -52,7 +52,7 @@ use tonic::server::NamedService;
 use super::auth::{DO_GET_PATH, TokenRefused};
 use super::{CatalogSql, RoiReadTicket};
 use crate::chunks::EncodedChunk;
-use crate::error::ServiceError;
+use crate::error::{NotServed, RequestError, ServiceError};
 use crate::listener::Peer;
 use crate::pins::Hold;
 use crate::state::ServiceState;
@@ -189,12 +189,15 @@ async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>)
             return Routed::Forward(http::Request::from_parts(parts, body));
         }
         Ok(TicketPayload::Other(arm)) => {
-            let refusal =
-                ServiceError::Unsupported(format!("ticket kind '{arm}' is not served by Tessera"));
+            let refusal = ServiceError::from(NotServed::TicketKind {
+                arm: arm.to_string(),
+            });
             return Routed::Answer(Status::from(refusal).into_http());
         }
         Err(e) => {
-            let refusal = ServiceError::InvalidArgument(format!("malformed ticket: {e}"));
+            let refusal = ServiceError::from(RequestError::MalformedTicket {
+                source: Arc::new(e),
+            });
             return Routed::Answer(Status::from(refusal).into_http());
         }
     };

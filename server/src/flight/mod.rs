@@ -21,6 +21,7 @@ pub mod auth;
 pub mod chunk_get;
 pub mod plan;
 pub mod put;
+pub mod refusal;
 pub mod roi;
 
 use std::pin::Pin;
@@ -40,7 +41,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog;
 use crate::chunk_id::ChunkId;
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, NotServed, RequestError, ServiceError, ServiceResult};
 use crate::listener::Peer;
 use crate::pins::{Connection, Held};
 use crate::route::Route;
@@ -129,7 +130,7 @@ impl TesseraFlight {
         match descriptor.r#type() {
             DescriptorType::Cmd => {
                 let request = decode_flight_request(&descriptor.cmd)
-                    .map_err(|e| malformed_command(&descriptor.cmd, &e))?;
+                    .map_err(|e| malformed_command(&descriptor.cmd, e))?;
                 if let Some(upload) = self.state.upload(&request.array_id)? {
                     let info = plan::plan_upload(&upload, &request, &request.encode_to_vec())?;
                     return Ok((info, None));
@@ -147,14 +148,14 @@ impl TesseraFlight {
             }
             DescriptorType::Path => {
                 let [name] = descriptor.path.as_slice() else {
-                    return Err(ServiceError::InvalidArgument(format!(
-                        "a path descriptor must hold exactly one array id, this one holds {}",
-                        descriptor.path.len()
-                    )));
+                    return Err(RequestError::PathLength {
+                        len: descriptor.path.len(),
+                    }
+                    .into());
                 };
                 check_array_id_len(name)?;
-                if let Some(info) = catalog::wire::table_flight_info(name)? {
-                    return Ok((info, None));
+                if let Some(schema) = catalog::table_schema(name) {
+                    return Ok((catalog::wire::table_flight_info(name, &schema)?, None));
                 }
                 if let Some(upload) = self.state.upload(name)? {
                     let info =
@@ -167,9 +168,7 @@ impl TesseraFlight {
                 planned.info = planned.info.with_descriptor(descriptor.clone());
                 Ok(with_ends(tensor, planned))
             }
-            DescriptorType::Unknown => Err(ServiceError::InvalidArgument(
-                "flight descriptor has no type (neither CMD nor PATH)".to_string(),
-            )),
+            DescriptorType::Unknown => Err(RequestError::UntypedDescriptor.into()),
         }
     }
 }
@@ -210,7 +209,7 @@ fn plan_upload_listed(
 /// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
 /// (pyarrow's `FlightDescriptor.for_command(b"zstack")`) is the common mistake: the
 /// message shows the PATH form that names a tensor by id.
-fn malformed_command(cmd: &[u8], err: &tessera_proto::ProtoError) -> ServiceError {
+fn malformed_command(cmd: &[u8], err: tessera_proto::ProtoError) -> RequestError {
     let bare_id = std::str::from_utf8(cmd).ok().filter(|text| {
         !text.is_empty()
             && text.len() <= 256
@@ -219,15 +218,12 @@ fn malformed_command(cmd: &[u8], err: &tessera_proto::ProtoError) -> ServiceErro
                 .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c))
     });
     match bare_id {
-        Some(id) => ServiceError::InvalidArgument(format!(
-            "a CMD descriptor holds a serialized biopb FlightRequest, not an array id; to \
-             name a tensor by id use a PATH descriptor: FlightDescriptor.for_path(\"{id}\") \
-             in pyarrow (ListFlights lists them)"
-        )),
-        None => ServiceError::InvalidArgument(format!(
-            "malformed GetFlightInfo command: {err}; a CMD descriptor holds a serialized \
-             biopb FlightRequest (a PATH descriptor names a tensor by id)"
-        )),
+        Some(id) => RequestError::BareIdCommand {
+            array_id: id.to_string(),
+        },
+        None => RequestError::MalformedCommand {
+            source: Arc::new(err),
+        },
     }
 }
 
@@ -237,11 +233,10 @@ fn listing_of(criteria: &[u8]) -> ServiceResult<Listing> {
     match criteria {
         b"" => Ok(Listing::Tensors),
         b"catalog" => Ok(Listing::CatalogTables),
-        other => Err(ServiceError::InvalidArgument(format!(
-            "ListFlights criteria '{}' is not understood: send none for the tensors, or \
-             'catalog' for the catalog's tables (sources, tensors)",
-            String::from_utf8_lossy(&other[..other.len().min(64)])
-        ))),
+        other => Err(RequestError::ListCriteria {
+            criteria: String::from_utf8_lossy(&other[..other.len().min(64)]).into_owned(),
+        }
+        .into()),
     }
 }
 
@@ -346,11 +341,7 @@ impl FlightService for TesseraFlight {
             return Ok(Response::new(self.held(connection, bytes, stream)));
         }
         let Some(CatalogSql(sql)) = request.extensions().get::<CatalogSql>().cloned() else {
-            return Err(ServiceError::Internal(
-                "DoGet reached the Flight service without the chunk route that decodes its ticket"
-                    .to_string(),
-            )
-            .into());
+            return Err(ServiceError::from(Fault::NoChunkRoute).into());
         };
         let answer = self.state.catalog_query(&sql).await?;
         let bytes = answer.bytes();
@@ -370,7 +361,7 @@ impl FlightService for TesseraFlight {
         &self,
         _request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(ServiceError::Unsupported("DoExchange is not supported by Tessera".to_string()).into())
+        Err(ServiceError::from(NotServed::DoExchange).into())
     }
 
     async fn do_action(
@@ -378,11 +369,11 @@ impl FlightService for TesseraFlight {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
-        if let Some(stream) = actions::run_streaming(&self.state, &action.r#type, &action.body)? {
-            return Ok(Response::new(stream));
-        }
-        let body = actions::run(&self.state, &action.r#type, &action.body).await?;
-        Ok(Response::new(once(vec![arrow_flight::Result::new(body)])))
+        let stream = match actions::run(&self.state, &action.r#type, &action.body).await? {
+            actions::Reply::One(body) => once(vec![arrow_flight::Result::new(body)]),
+            actions::Reply::Stream(stream) => stream,
+        };
+        Ok(Response::new(stream))
     }
 
     async fn list_actions(

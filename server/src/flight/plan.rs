@@ -29,12 +29,11 @@ use tessera_proto::consts::{
 };
 
 use crate::chunk_id::{ChunkId, ContentVersion};
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, RequestError, ServiceError, ServiceResult};
 use crate::grid::{ChunkGrid, Region};
 use crate::route::Route;
 use crate::scaled::pyramid::PyramidPolicy;
 use crate::scaled::{Method, Scale, ScaleError};
-use crate::source::npy::Kind;
 use crate::source::registry::Tensor;
 use crate::uploads::Upload;
 
@@ -48,31 +47,36 @@ pub struct Planned {
     pub ends: Option<(ChunkId, ChunkId)>,
 }
 
-/// Optional parts of the reply a request's field mask selects.
+/// Optional parts of the reply a request's field mask selects: the one reading of a read's
+/// `fields`, for plans of served tensors and of uploads alike.
 #[derive(Debug, Default)]
 struct Mask {
     endpoints: bool,
     metadata_json: bool,
     pyramid: bool,
+    upload_status: bool,
     is_resident: bool,
 }
 
 impl Mask {
     fn from_request(request: &TensorReadOption) -> Mask {
         match &request.fields {
-            // No mask at all: a generic client; give it everything it can use.
+            // No mask at all: a generic client; give it everything it can use, except
+            // `is_resident` (a `stat` per plan), which only a client that asks gets.
             None => Mask {
                 endpoints: true,
                 metadata_json: true,
                 pyramid: true,
+                upload_status: true,
                 is_resident: false,
             },
             Some(mask) => {
                 let has = |p: &str| mask.paths.iter().any(|x| x == p);
                 Mask {
-                    endpoints: has("endpoints"),
-                    metadata_json: has("metadata_json"),
-                    pyramid: has("pyramid"),
+                    endpoints: has(MASK_ENDPOINTS),
+                    metadata_json: has(MASK_METADATA_JSON),
+                    pyramid: has(MASK_PYRAMID),
+                    upload_status: has(MASK_UPLOAD_STATUS),
                     is_resident: has(MASK_IS_RESIDENT),
                 }
             }
@@ -91,20 +95,27 @@ fn requested_region(
     };
     let rank = shape.len();
     if slice.start.len() != rank || slice.stop.len() != rank {
-        return Err(ServiceError::InvalidArgument(format!(
-            "slice_hint of '{array_id}' has {} start and {} stop values, but the tensor has {rank} axes",
-            slice.start.len(),
-            slice.stop.len()
-        )));
+        return Err(RequestError::SliceRank {
+            array_id: array_id.to_string(),
+            starts: slice.start.len(),
+            stops: slice.stop.len(),
+            rank,
+        }
+        .into());
     }
     let mut start = Vec::with_capacity(rank);
     let mut stop = Vec::with_capacity(rank);
     for (axis, ((&a, &b), &dim)) in slice.start.iter().zip(&slice.stop).zip(shape).enumerate() {
         let valid = a >= 0 && b >= a && (b as u64) <= dim;
         if !valid {
-            return Err(ServiceError::InvalidArgument(format!(
-                "slice_hint of '{array_id}' on axis {axis} is [{a}, {b}), outside [0, {dim}]"
-            )));
+            return Err(RequestError::SliceOutside {
+                array_id: array_id.to_string(),
+                axis,
+                start: a,
+                stop: b,
+                dim,
+            }
+            .into());
         }
         start.push(a as u64);
         stop.push(b as u64);
@@ -122,8 +133,9 @@ pub fn requested_scale(
     tensor: &Tensor,
     request: &TensorReadOption,
 ) -> ServiceResult<Option<Scale>> {
-    let refuse = |e: ScaleError| {
-        ServiceError::InvalidArgument(format!("read of '{}' refused: {e}", tensor.array_id))
+    let refuse = |source: ScaleError| RequestError::Scale {
+        array_id: tensor.array_id.clone(),
+        source,
     };
     let scale = Scale::from_request(
         tensor.shape(),
@@ -131,13 +143,10 @@ pub fn requested_scale(
         &request.reduction_method,
     )
     .map_err(refuse)?;
-    if let Some(scale) = &scale
-        && scale.method() == Method::Area
-        && tensor.file.header().dtype.kind == Kind::Bool
-    {
-        return Err(refuse(ScaleError::AreaOfBool {
-            dtype: tensor.dtype_str(),
-        }));
+    if let Some(scale) = &scale {
+        scale
+            .check_dtype(&tensor.file.header().dtype)
+            .map_err(refuse)?;
     }
     Ok(scale)
 }
@@ -177,8 +186,9 @@ pub fn plan(
     )?;
     let whole = Region::whole(tensor.shape());
     let realized = match &requested {
-        Some(region) => grid.snap(region).map_err(|e| {
-            ServiceError::InvalidArgument(format!("slice of '{}': {e}", tensor.array_id))
+        Some(region) => grid.snap(region).map_err(|source| RequestError::Slice {
+            array_id: tensor.array_id.clone(),
+            source,
         })?,
         None => whole,
     };
@@ -257,18 +267,19 @@ pub fn plan_upload(
 ) -> ServiceResult<FlightInfo> {
     let array_id = request.array_id.as_str();
     if request.scale_hint.iter().any(|&f| f > 1) {
-        return Err(ServiceError::InvalidArgument(format!(
-            "read of '{array_id}' refused: scaled reads (scale_hint) of uploaded tensors are not \
-             served; read it at full resolution"
-        )));
+        return Err(RequestError::ScaledUpload {
+            array_id: array_id.to_string(),
+        }
+        .into());
     }
     let grid = upload.grid();
     let shape = upload.shape();
     let requested = requested_region(array_id, shape, request.slice_hint.as_ref())?;
     let realized = match &requested {
-        Some(region) => grid
-            .snap(region)
-            .map_err(|e| ServiceError::InvalidArgument(format!("slice of '{array_id}': {e}")))?,
+        Some(region) => grid.snap(region).map_err(|source| RequestError::Slice {
+            array_id: array_id.to_string(),
+            source,
+        })?,
         None => Region::whole(shape),
     };
     let slice_hint =
@@ -276,12 +287,7 @@ pub fn plan_upload(
             start: to_i64(&realized.start),
             stop: to_i64(&realized.stop),
         });
-    let has = |p: &str| {
-        request
-            .fields
-            .as_ref()
-            .is_none_or(|mask| mask.paths.iter().any(|x| x == p))
-    };
+    let mask = Mask::from_request(request);
     let native = PyramidLevel {
         shape: to_i64(shape),
         scale_hint: vec![1; shape.len()],
@@ -295,7 +301,7 @@ pub fn plan_upload(
         chunk_shape: to_i64(grid.chunk_shape()),
         dtype: upload.dtype_str(),
         slice_hint,
-        metadata_json: if has(MASK_METADATA_JSON) {
+        metadata_json: if mask.metadata_json {
             serde_json::json!({
                 "format": "upload",
                 "dtype": upload.dtype_str(),
@@ -306,23 +312,19 @@ pub fn plan_upload(
         } else {
             String::new()
         },
-        pyramid: if has(MASK_PYRAMID) {
+        pyramid: if mask.pyramid {
             vec![native]
         } else {
             Vec::new()
         },
         content_version: Some(version_bytes(upload.version())),
-        upload_status: has(MASK_UPLOAD_STATUS).then(|| upload.status()),
-        is_resident: request
-            .fields
-            .as_ref()
-            .is_some_and(|m| m.paths.iter().any(|x| x == MASK_IS_RESIDENT))
-            .then_some(true),
+        upload_status: mask.upload_status.then(|| upload.status()),
+        is_resident: mask.is_resident.then_some(true),
         ttl_seconds: upload.ttl_seconds(),
         ..Default::default()
     };
     let mut info = plan_info(&descriptor, request_bytes)?;
-    if has(MASK_ENDPOINTS) {
+    if mask.endpoints {
         info = info.with_endpoints(endpoints(
             array_id,
             upload.version(),
@@ -377,7 +379,10 @@ pub fn endpoints(
 ) -> ServiceResult<Vec<FlightEndpoint>> {
     let cells = grid
         .cells(realized)
-        .map_err(|e| ServiceError::InvalidArgument(format!("region of '{array_id}': {e}")))?;
+        .map_err(|source| RequestError::Region {
+            array_id: array_id.to_string(),
+            source,
+        })?;
     if let Some(last) = cells.last_cell() {
         // Every endpoint is at most as long as the last one: chunk ids are fixed-width and
         // the last cell has the largest bounds.
@@ -386,14 +391,15 @@ pub fn endpoints(
         let count = cells.remaining();
         let bytes = count.saturating_mul(each);
         if bytes > MAX_PLAN_ENDPOINT_BYTES {
-            return Err(ServiceError::InvalidArgument(format!(
-                "the plan of '{array_id}' over [{:?}, {:?}) has {count} chunks, about {bytes} \
-                 bytes of endpoints, over the {MAX_PLAN_ENDPOINT_BYTES} bytes one reply \
-                 carries: plan a slice (slice_hint) of at most {} chunks at a time",
-                realized.start,
-                realized.stop,
-                MAX_PLAN_ENDPOINT_BYTES / each
-            )));
+            return Err(RequestError::TooManyEndpoints {
+                array_id: array_id.to_string(),
+                start: realized.start.clone(),
+                stop: realized.stop.clone(),
+                count,
+                bytes,
+                fit: MAX_PLAN_ENDPOINT_BYTES / each,
+            }
+            .into());
         }
     }
     cells
@@ -431,7 +437,7 @@ fn endpoint(
         None => ChunkId::new(array_id, version, cell),
         Some(scale) => ChunkId::scaled(array_id, version, cell, scale.clone()),
     }
-    .map_err(|e| ServiceError::Internal(format!("minting a chunk id: {e}")))?;
+    .map_err(|e| ServiceError::from(Fault::ChunkId(e)))?;
     Ok(FlightEndpoint::new()
         .with_ticket(Ticket::new(tessera_proto::ticket::chunk_ticket(
             &id.encode(),
@@ -461,7 +467,7 @@ pub fn version_bytes(v: ContentVersion) -> Vec<u8> {
 fn plan_info(descriptor: &TensorDescriptor, request_bytes: &[u8]) -> ServiceResult<FlightInfo> {
     Ok(FlightInfo::new()
         .try_with_schema(&tessera_proto::schema::plan_schema())
-        .map_err(|e| ServiceError::Internal(format!("encoding the plan schema: {e}")))?
+        .map_err(|e| ServiceError::from(Fault::encode("the plan schema", e)))?
         .with_descriptor(FlightDescriptor::new_cmd(descriptor.encode_to_vec()))
         .with_app_metadata(request_bytes.to_vec())
         .with_total_records(-1)

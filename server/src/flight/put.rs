@@ -3,6 +3,8 @@
 //! `roi_delete`). This module decodes the command and hands the stream to the part that
 //! owns it; it holds wire code only.
 
+use std::sync::Arc;
+
 use arrow_flight::{FlightData, PutResult};
 use prost::Message;
 use tessera_proto::pb::PutCommand;
@@ -10,7 +12,7 @@ use tessera_proto::pb::put_command::Command;
 use tessera_proto::ticket::{TicketPayload, decode_ticket};
 use tonic::Streaming;
 
-use crate::error::ServiceError;
+use crate::error::{Fault, RequestError, ServiceError};
 use crate::state::ServiceState;
 use crate::uploads::{ChunkTarget, PUT_FRAMING_SLACK};
 
@@ -25,28 +27,16 @@ pub async fn run(
     let first = stream
         .message()
         .await
-        .map_err(|e| ServiceError::InvalidArgument(format!("DoPut stream failed: {e}")))?
-        .ok_or_else(|| {
-            ServiceError::InvalidArgument("DoPut stream ended before its first message".into())
-        })?;
-    let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
-        ServiceError::InvalidArgument(
-            "DoPut's first message has no flight descriptor: it must carry a PutCommand".into(),
-        )
-    })?;
+        .map_err(|source| RequestError::PutStream { source })?
+        .ok_or(RequestError::PutEmpty)?;
+    let descriptor = first
+        .flight_descriptor
+        .as_ref()
+        .ok_or(RequestError::PutNoDescriptor)?;
     let command = PutCommand::decode(descriptor.cmd.as_ref())
-        .map_err(|e| {
-            ServiceError::InvalidArgument(format!(
-                "DoPut descriptor command is not a PutCommand: {e}"
-            ))
-        })?
+        .map_err(|source| RequestError::PutNotCommand { source })?
         .command
-        .ok_or_else(|| {
-            ServiceError::InvalidArgument(
-                "DoPut descriptor's PutCommand names no command (chunk_ticket, roi_put or roi_delete)"
-                    .into(),
-            )
-        })?;
+        .ok_or(RequestError::PutNoCommand)?;
     match command {
         Command::ChunkTicket(ticket) => put_chunk(state, &ticket, first, stream).await,
         Command::RoiPut(cmd) => super::roi::put(state, cmd, first, stream).await,
@@ -68,34 +58,29 @@ async fn put_chunk(
     mut stream: Streaming<FlightData>,
 ) -> Result<PutStream, ServiceError> {
     let uploads = state.uploads_for_write("DoPut")?.clone();
-    let chunk_id = match decode_ticket(ticket)
-        .map_err(|e| ServiceError::InvalidArgument(format!("DoPut chunk_ticket: {e}")))?
-    {
+    let chunk_id = match decode_ticket(ticket).map_err(|e| RequestError::PutTicket {
+        source: Arc::new(e),
+    })? {
         TicketPayload::ChunkId(id) => id,
-        _ => {
-            return Err(ServiceError::InvalidArgument(
-                "DoPut chunk_ticket must be a chunk ticket (TensorTicket{chunk_id}) of the upload's plan"
-                    .into(),
-            ));
-        }
+        _ => return Err(RequestError::PutNotChunkTicket.into()),
     };
     let target = uploads.put_target(&chunk_id)?;
     let first_bytes = first.encoded_len() as u64;
     if first_bytes > PUT_FRAMING_SLACK {
-        return Err(ServiceError::InvalidArgument(format!(
-            "DoPut: the first message of a chunk of '{}' is {first_bytes} bytes; it carries the \
-             descriptor and the schema, at most {PUT_FRAMING_SLACK} bytes",
-            target.id.array_id()
-        )));
+        return Err(RequestError::PutFirstTooLarge {
+            array_id: target.id.array_id().to_string(),
+            bytes: first_bytes,
+        }
+        .into());
     }
     let limit = target.put_bytes();
     let permit = uploads.reserve_put(&target, limit).await?;
     let messages = receive(&target, first, &mut stream, limit).await?;
     let batches = arrow_flight::utils::flight_data_to_batches(&messages).map_err(|e| {
-        ServiceError::InvalidArgument(format!(
-            "DoPut: the chunk of '{}' is not a schema and record batches: {e}",
-            target.id.array_id()
-        ))
+        RequestError::PutNotBatches {
+            array_id: target.id.array_id().to_string(),
+            source: Arc::new(e),
+        }
     })?;
     drop(messages);
     tokio::task::spawn_blocking(move || {
@@ -105,7 +90,7 @@ async fn put_chunk(
         stored
     })
     .await
-    .map_err(|e| ServiceError::Internal(format!("storing an upload chunk: {e}")))??;
+    .map_err(|e| Fault::task("storing an upload chunk", e))??;
     Ok(super::once(vec![PutResult::default()]))
 }
 
@@ -121,17 +106,17 @@ async fn receive(
     while let Some(message) = stream
         .message()
         .await
-        .map_err(|e| ServiceError::InvalidArgument(format!("DoPut stream failed: {e}")))?
+        .map_err(|source| RequestError::PutStream { source })?
     {
         total += (message.data_body.len() + message.data_header.len()) as u64;
         if total > limit {
-            return Err(ServiceError::InvalidArgument(format!(
-                "DoPut: the chunk of '{}' is over {limit} bytes, more than its cell of {} \
-                 elements of '{}' can hold",
-                target.id.array_id(),
-                target.elements(),
-                target.upload.dtype_str()
-            )));
+            return Err(RequestError::PutChunkTooLarge {
+                array_id: target.id.array_id().to_string(),
+                limit,
+                elements: target.elements(),
+                dtype: target.upload.dtype_str(),
+            }
+            .into());
         }
         if !message.data_header.is_empty() {
             messages.push(message);

@@ -20,7 +20,7 @@ use tonic::{Status, Streaming};
 
 use super::BoxStream;
 use super::plan::version_bytes;
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, RequestError, ServiceError, ServiceResult};
 use crate::rois::{RoiError, rows};
 use crate::source::registry::Tensor;
 use crate::state::ServiceState;
@@ -48,15 +48,13 @@ async fn blocking<T: Send + 'static>(
 ) -> ServiceResult<T> {
     tokio::task::spawn_blocking(job)
         .await
-        .map_err(|e| ServiceError::Internal(format!("annotation task failed: {e}")))?
+        .map_err(|e| Fault::task("annotation task failed", e))?
         .map_err(ServiceError::from)
 }
 
-fn require_array_id(array_id: &str, what: &str) -> ServiceResult<()> {
+fn require_array_id(array_id: &str, call: &'static str) -> ServiceResult<()> {
     if array_id.is_empty() {
-        return Err(ServiceError::InvalidArgument(format!(
-            "{what} names no array_id: annotations belong to a tensor"
-        )));
+        return Err(RequestError::NoArrayId { call }.into());
     }
     Ok(())
 }
@@ -90,13 +88,13 @@ pub async fn read(
     let listing = blocking(move || rois.list(&listed_id, &set_name)).await?;
     let schema = rows::schema(listing.truncated, &listing.sets);
     let batch = rows::to_batch(schema.clone(), &array_id, &listing.rois)
-        .map_err(|e| ServiceError::Internal(format!("encoding annotations: {e}")))?;
+        .map_err(|e| ServiceError::from(Fault::encode("annotations", e)))?;
     drop(listing);
     let bytes = batch.get_array_memory_size() as u64;
     let stream = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .build(futures::stream::iter([Ok(batch)]))
-        .map_err(|e| Status::from(ServiceError::Internal(format!("encoding annotations: {e}"))));
+        .map_err(|e| Status::from(ServiceError::from(Fault::encode_stream("annotations", e))));
     Ok((Box::pin(stream), bytes))
 }
 
@@ -106,10 +104,10 @@ const MAX_PUT_BYTES: usize = 64 << 20;
 
 /// The refusal of a DoPut of more than [`MAX_PUT_BYTES`].
 fn put_too_large() -> ServiceError {
-    ServiceError::InvalidArgument(format!(
-        "an annotation DoPut carries at most {} MiB (as sent); send the rows in several puts",
-        MAX_PUT_BYTES >> 20
-    ))
+    RequestError::RoiPutTooLarge {
+        max_mib: MAX_PUT_BYTES >> 20,
+    }
+    .into()
 }
 
 /// The bytes of one message as received.
@@ -150,15 +148,12 @@ async fn batches(
         if received.load(Ordering::Relaxed) > MAX_PUT_BYTES {
             return Err(put_too_large());
         }
-        let batch = batch.map_err(|e| {
-            ServiceError::InvalidArgument(format!("reading the annotation stream: {e}"))
+        let batch = batch.map_err(|e| RequestError::RoiStream {
+            source: Arc::new(e),
         })?;
         rows += batch.num_rows() as u64;
         if rows > max_rows {
-            return Err(ServiceError::InvalidArgument(format!(
-                "an annotation DoPut carries at most {max_rows} rows (max_rois_per_tensor); \
-                 this one carries more"
-            )));
+            return Err(RequestError::RoiTooManyRows { max_rows }.into());
         }
         out.push(batch);
     }
@@ -184,7 +179,7 @@ pub async fn put(
     let tensor = state.resolve(&cmd.array_id)?;
     let mut incoming = Vec::new();
     for batch in batches(first, rest, rois.limits().max_rois_per_tensor).await? {
-        incoming.extend(rows::from_batch(&batch).map_err(|e| ServiceError::InvalidArgument(e.0))?);
+        incoming.extend(rows::from_batch(&batch).map_err(RequestError::from)?);
     }
     let asked = cmd.array_id.clone();
     let result = blocking(move || {
@@ -219,7 +214,7 @@ pub async fn delete(
     let (array_id, _) = filed_under(state, &cmd.array_id);
     let mut ids = Vec::new();
     for batch in batches(first, rest, rois.limits().max_rois_per_tensor).await? {
-        ids.extend(rows::ids_from_batch(&batch).map_err(|e| ServiceError::InvalidArgument(e.0))?);
+        ids.extend(rows::ids_from_batch(&batch).map_err(RequestError::from)?);
     }
     let set_name = cmd.set_name;
     let deleted = blocking(move || rois.delete(&array_id, &ids, &set_name)).await?;
@@ -229,9 +224,8 @@ pub async fn delete(
 /// Action `roi_prune`: reports (and with `apply` deletes) the annotations of tensors not
 /// served for `unseen_days`.
 pub async fn prune(state: &Arc<ServiceState>, body: &[u8]) -> ServiceResult<Bytes> {
-    let request = RoiPruneRequest::decode(body).map_err(|e| {
-        ServiceError::InvalidArgument(format!("roi_prune body is not a RoiPruneRequest: {e}"))
-    })?;
+    let request =
+        RoiPruneRequest::decode(body).map_err(|source| RequestError::RoiPruneBody { source })?;
     let rois = state.annotations()?;
     let served_by = Arc::clone(state);
     let outcome = blocking(move || {

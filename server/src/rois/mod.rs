@@ -25,7 +25,6 @@ use std::path::Path;
 use tessera_proto::image_pb::{RoiAnnotation, RoiConflict, RoiPutResult};
 use tessera_proto::pb::RoiGrant;
 
-use crate::error::ServiceError;
 use geometry::Shape;
 use rows::IncomingRoi;
 use seal::{GrantError, KeyError, Sealer};
@@ -63,12 +62,100 @@ impl Default for RoiLimits {
     }
 }
 
+/// Why an annotation call was refused for what it asked, with the values refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RoiRefusal {
+    /// The system gave no random bytes to mint an id with.
+    #[error("no random bytes to mint a roi_id")]
+    NoRandomness,
+    /// A row names another tensor than the put.
+    #[error("annotation array_id '{given}' does not match the put's '{asked}'")]
+    OtherTensor {
+        /// The row's `array_id`.
+        given: String,
+        /// The id the put named its tensor by.
+        asked: String,
+    },
+    /// A `roi_id` over the name limit.
+    #[error("roi_id '{prefix}…' is longer than {max} characters")]
+    LongId {
+        /// Its first 32 characters.
+        prefix: String,
+        /// The limit (`max_name_chars`).
+        max: usize,
+    },
+    /// A `roi_id` with a comma.
+    #[error("roi_id '{id}' may not contain a comma")]
+    CommaInId {
+        /// The id.
+        id: String,
+    },
+    /// A write to a set the server owns.
+    #[error(
+        "set_name '{set_name}' is in the reserved '{RESERVED_SET_PREFIX}' namespace, which the \
+         server owns; copy the set into one of your own to edit it"
+    )]
+    ReservedSetWrite {
+        /// The set.
+        set_name: String,
+    },
+    /// A `set_name` over the name limit.
+    #[error("set_name is longer than {max} characters")]
+    LongSetName {
+        /// The limit (`max_name_chars`).
+        max: usize,
+    },
+    /// A geometry that is not `biopb.image.ROI` JSON.
+    #[error("annotation {name}: {source}")]
+    Geometry {
+        /// The annotation's id (`<new>` for one without).
+        name: String,
+        /// What is wrong with it.
+        #[source]
+        source: geometry::GeometryError,
+    },
+    /// An annotation whose stored text would be over the row limit.
+    #[error(
+        "annotation {name} is {bytes} bytes, more than the {max} one annotation may be \
+         (max_roi_bytes)"
+    )]
+    RowTooLarge {
+        /// The annotation's id (`<new>` for one without).
+        name: String,
+        /// Its stored text's bytes.
+        bytes: usize,
+        /// The limit (`max_row_bytes`).
+        max: usize,
+    },
+    /// One `roi_id` twice in a batch.
+    #[error("roi_id '{id}' appears twice in one batch")]
+    DuplicateId {
+        /// The id.
+        id: String,
+    },
+    /// A delete of a set the server owns.
+    #[error(
+        "set_name '{set_name}' is reserved: the server owns it, there is nothing for a client \
+         to delete"
+    )]
+    ReservedSetDelete {
+        /// The set.
+        set_name: String,
+    },
+    /// A prune of annotations unseen for no time.
+    #[error("roi_prune: unseen_days is {unseen_days}; it must be positive")]
+    UnseenDays {
+        /// The value sent.
+        unseen_days: i32,
+    },
+}
+
 /// Why an annotation call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RoiError {
-    /// The caller's request was refused (the text says what and why).
-    #[error("{0}")]
-    Refused(String),
+    /// The caller's request was refused.
+    #[error(transparent)]
+    Refused(#[from] RoiRefusal),
     /// A sealed grant did not let its holder read.
     #[error(transparent)]
     Grant(#[from] GrantError),
@@ -78,23 +165,6 @@ pub enum RoiError {
     /// The seal key could not be loaded.
     #[error(transparent)]
     Key(#[from] KeyError),
-}
-
-impl From<RoiError> for ServiceError {
-    fn from(err: RoiError) -> Self {
-        match err {
-            RoiError::Refused(text) => ServiceError::InvalidArgument(text),
-            RoiError::Store(e @ StoreError::Cap { .. }) => {
-                ServiceError::InvalidArgument(e.to_string())
-            }
-            RoiError::Grant(e) => ServiceError::Unauthenticated(e.to_string()),
-            RoiError::Store(e) if e.is_disk_full() => ServiceError::Unavailable(format!(
-                "{e}: the state directory's filesystem is full; nothing was changed, try \
-                 again once there is room"
-            )),
-            other => ServiceError::Internal(other.to_string()),
-        }
-    }
 }
 
 /// The annotations of one server: the store and the sealer, in `STATE_DIR/annotations`.
@@ -114,8 +184,7 @@ pub fn now_ms() -> i64 {
 
 /// A fresh uuid4, as 32 lowercase hex digits.
 fn mint_id() -> Result<String, RoiError> {
-    let mut bytes = seal::random_bytes::<16>()
-        .ok_or_else(|| RoiError::Refused("no random bytes to mint a roi_id".to_string()))?;
+    let mut bytes = seal::random_bytes::<16>().ok_or(RoiRefusal::NoRandomness)?;
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
@@ -139,23 +208,24 @@ impl Annotations {
     /// Checks one incoming annotation of a batch on `array_id` (`asked` is the id the
     /// client named the tensor by) and turns it into the record to write.
     fn prepare(&self, array_id: &str, asked: &str, roi: IncomingRoi) -> Result<NewRoi, RoiError> {
-        let refused = |text: String| RoiError::Refused(text);
         if !roi.array_id.is_empty() && roi.array_id != array_id && roi.array_id != asked {
-            return Err(refused(format!(
-                "annotation array_id '{}' does not match the put's '{asked}'",
-                roi.array_id
-            )));
+            return Err(RoiRefusal::OtherTensor {
+                given: roi.array_id,
+                asked: asked.to_string(),
+            }
+            .into());
         }
         let id = roi.roi_id.trim().to_string();
         let max = self.limits.max_name_chars;
         if id.chars().count() > max {
-            return Err(refused(format!(
-                "roi_id '{}…' is longer than {max} characters",
-                id.chars().take(32).collect::<String>()
-            )));
+            return Err(RoiRefusal::LongId {
+                prefix: id.chars().take(32).collect(),
+                max,
+            }
+            .into());
         }
         if id.contains(',') {
-            return Err(refused(format!("roi_id '{id}' may not contain a comma")));
+            return Err(RoiRefusal::CommaInId { id }.into());
         }
         let set_name = if roi.set_name.is_empty() {
             DEFAULT_SET.to_string()
@@ -163,13 +233,10 @@ impl Annotations {
             roi.set_name
         };
         if set_name.starts_with(RESERVED_SET_PREFIX) {
-            return Err(refused(format!(
-                "set_name '{set_name}' is in the reserved '{RESERVED_SET_PREFIX}' namespace, \
-                 which the server owns; copy the set into one of your own to edit it"
-            )));
+            return Err(RoiRefusal::ReservedSetWrite { set_name }.into());
         }
         if set_name.chars().count() > max {
-            return Err(refused(format!("set_name is longer than {max} characters")));
+            return Err(RoiRefusal::LongSetName { max }.into());
         }
         let name = if id.is_empty() { "<new>" } else { id.as_str() };
         let size = |geometry: &str| {
@@ -185,8 +252,10 @@ impl Annotations {
         // tens of times its text (a 2.6 MB polygon took over 100 MB), so an oversized
         // geometry must never reach the parser.
         self.check_row_bytes(name, size(&roi.geometry))?;
-        let shape =
-            Shape::parse(&roi.geometry).map_err(|e| refused(format!("annotation {name}: {e}")))?;
+        let shape = Shape::parse(&roi.geometry).map_err(|source| RoiRefusal::Geometry {
+            name: name.to_string(),
+            source,
+        })?;
         let geometry = shape.to_json();
         self.check_row_bytes(name, size(&geometry))?;
         Ok(NewRoi {
@@ -209,11 +278,12 @@ impl Annotations {
     /// Refuses annotation `name` when its stored text would be `bytes`, over the row limit.
     fn check_row_bytes(&self, name: &str, bytes: usize) -> Result<(), RoiError> {
         if bytes > self.limits.max_row_bytes {
-            return Err(RoiError::Refused(format!(
-                "annotation {name} is {bytes} bytes, more than the {} one annotation may be \
-                 (max_roi_bytes)",
-                self.limits.max_row_bytes
-            )));
+            return Err(RoiRefusal::RowTooLarge {
+                name: name.to_string(),
+                bytes,
+                max: self.limits.max_row_bytes,
+            }
+            .into());
         }
         Ok(())
     }
@@ -236,9 +306,7 @@ impl Annotations {
             if let Some(id) = &row.roi_id
                 && !ids.insert(id.clone())
             {
-                return Err(RoiError::Refused(format!(
-                    "roi_id '{id}' appears twice in one batch"
-                )));
+                return Err(RoiRefusal::DuplicateId { id: id.clone() }.into());
             }
             prepared.push(row);
         }
@@ -293,10 +361,10 @@ impl Annotations {
         set_name: &str,
     ) -> Result<Vec<String>, RoiError> {
         if set_name.starts_with(RESERVED_SET_PREFIX) {
-            return Err(RoiError::Refused(format!(
-                "set_name '{set_name}' is reserved: the server owns it, there is nothing for a \
-                 client to delete"
-            )));
+            return Err(RoiRefusal::ReservedSetDelete {
+                set_name: set_name.to_string(),
+            }
+            .into());
         }
         Ok(self.store.delete(array_id, ids, set_name)?)
     }
@@ -310,9 +378,7 @@ impl Annotations {
         served: &dyn Fn(&str) -> Option<String>,
     ) -> Result<PruneOutcome, RoiError> {
         if unseen_days <= 0 {
-            return Err(RoiError::Refused(format!(
-                "roi_prune: unseen_days is {unseen_days}; it must be positive"
-            )));
+            return Err(RoiRefusal::UnseenDays { unseen_days }.into());
         }
         let now = now_ms();
         let cutoff = now - i64::from(unseen_days) * 86_400_000;

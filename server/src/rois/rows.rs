@@ -33,8 +33,58 @@ pub const COLUMNS: [&str; 11] = [
 
 /// Why a stream of rows could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct RowsError(pub String);
+pub enum RowsError {
+    /// A `roi_put` batch without one of the ROI row columns.
+    #[error(
+        "ROI rows are missing column '{name}': a roi_put stream carries the ROI row schema ({})",
+        COLUMNS.join(", ")
+    )]
+    MissingColumn {
+        /// The column.
+        name: String,
+    },
+    /// A column of another type than the schema's.
+    #[error("ROI row column '{name}' is {found}, not {expected}")]
+    ColumnType {
+        /// The column.
+        name: String,
+        /// Its type as sent.
+        found: DataType,
+        /// The schema's type, in words.
+        expected: &'static str,
+    },
+    /// A `plane` map whose entries are not uint32 to uint32.
+    #[error("ROI row column 'plane' must map uint32 axes to uint32 indices")]
+    PlaneEntries,
+    /// A `plane` pin without its index.
+    #[error("ROI row {row}: plane pin of axis {axis} has no index")]
+    PinWithoutIndex {
+        /// The row.
+        row: usize,
+        /// The pinned axis.
+        axis: u32,
+    },
+    /// A `roi_delete` batch without its `roi_id` column.
+    #[error("a roi_delete stream carries one 'roi_id' column")]
+    NoIdColumn,
+    /// A `roi_delete` `roi_id` column that is not text.
+    #[error("roi_delete column 'roi_id' is {found}, not a string")]
+    IdType {
+        /// Its type as sent.
+        found: DataType,
+    },
+}
+
+impl RowsError {
+    /// Column `name` is of type `found`, where the schema has `expected`.
+    fn column_type(name: &str, found: &DataType, expected: &'static str) -> RowsError {
+        RowsError::ColumnType {
+            name: name.to_string(),
+            found: found.clone(),
+            expected,
+        }
+    }
+}
 
 /// One annotation as a client sent it (server-assigned columns ignored).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -198,13 +248,11 @@ impl Texts<'_> {
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef, RowsError> {
-    batch.column_by_name(name).ok_or_else(|| {
-        RowsError(format!(
-            "ROI rows are missing column '{name}': a roi_put stream carries the ROI row \
-             schema ({})",
-            COLUMNS.join(", ")
-        ))
-    })
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| RowsError::MissingColumn {
+            name: name.to_string(),
+        })
 }
 
 fn text_column<'a>(batch: &'a RecordBatch, name: &str) -> Result<Texts<'a>, RowsError> {
@@ -213,9 +261,7 @@ fn text_column<'a>(batch: &'a RecordBatch, name: &str) -> Result<Texts<'a>, Rows
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null => {
             Ok(Texts(col.as_ref()))
         }
-        other => Err(RowsError(format!(
-            "ROI row column '{name}' is {other}, not a string"
-        ))),
+        other => Err(RowsError::column_type(name, other, "a string")),
     }
 }
 
@@ -235,10 +281,7 @@ pub fn from_batch(batch: &RecordBatch) -> Result<Vec<IncomingRoi>, RowsError> {
                 .as_any()
                 .downcast_ref::<MapArray>()
                 .ok_or_else(|| {
-                    RowsError(format!(
-                        "ROI row column 'plane' is {}, not map<uint32, uint32>",
-                        plane_col.data_type()
-                    ))
+                    RowsError::column_type("plane", plane_col.data_type(), "map<uint32, uint32>")
                 })?,
         ),
     };
@@ -250,10 +293,11 @@ pub fn from_batch(batch: &RecordBatch) -> Result<Vec<IncomingRoi>, RowsError> {
                 .as_any()
                 .downcast_ref::<BinaryArray>()
                 .ok_or_else(|| {
-                    RowsError(format!(
-                        "ROI row column 'drawn_against_version' is {}, not binary",
-                        version_col.data_type()
-                    ))
+                    RowsError::column_type(
+                        "drawn_against_version",
+                        version_col.data_type(),
+                        "binary",
+                    )
                 })?,
         ),
     };
@@ -264,12 +308,7 @@ pub fn from_batch(batch: &RecordBatch) -> Result<Vec<IncomingRoi>, RowsError> {
             rev_col
                 .as_any()
                 .downcast_ref::<Int64Array>()
-                .ok_or_else(|| {
-                    RowsError(format!(
-                        "ROI row column 'rev' is {}, not int64",
-                        rev_col.data_type()
-                    ))
-                })?,
+                .ok_or_else(|| RowsError::column_type("rev", rev_col.data_type(), "int64"))?,
         ),
     };
     let mut out = Vec::with_capacity(batch.num_rows());
@@ -281,16 +320,14 @@ pub fn from_batch(batch: &RecordBatch) -> Result<Vec<IncomingRoi>, RowsError> {
             let keys = entries.column(0).as_any().downcast_ref::<UInt32Array>();
             let values = entries.column(1).as_any().downcast_ref::<UInt32Array>();
             let (Some(keys), Some(values)) = (keys, values) else {
-                return Err(RowsError(
-                    "ROI row column 'plane' must map uint32 axes to uint32 indices".to_string(),
-                ));
+                return Err(RowsError::PlaneEntries);
             };
             for j in 0..keys.len() {
                 if values.is_null(j) {
-                    return Err(RowsError(format!(
-                        "ROI row {i}: plane pin of axis {} has no index",
-                        keys.value(j)
-                    )));
+                    return Err(RowsError::PinWithoutIndex {
+                        row: i,
+                        axis: keys.value(j),
+                    });
                 }
                 pins.insert(keys.value(j), values.value(j));
             }
@@ -319,15 +356,14 @@ pub fn ids_from_batch(batch: &RecordBatch) -> Result<Vec<String>, RowsError> {
     }
     let ids = batch
         .column_by_name("roi_id")
-        .ok_or_else(|| RowsError("a roi_delete stream carries one 'roi_id' column".to_string()))?;
+        .ok_or(RowsError::NoIdColumn)?;
     if !matches!(
         ids.data_type(),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
     ) {
-        return Err(RowsError(format!(
-            "roi_delete column 'roi_id' is {}, not a string",
-            ids.data_type()
-        )));
+        return Err(RowsError::IdType {
+            found: ids.data_type().clone(),
+        });
     }
     let ids = Texts(ids.as_ref());
     Ok((0..batch.num_rows())
@@ -384,7 +420,10 @@ mod tests {
         let only_ids = batch.project(&[0])?;
         assert_eq!(ids_from_batch(&only_ids)?, vec!["id-1".to_string()]);
         let missing = batch.project(&[0, 1])?;
-        let err = from_batch(&missing).err().map(|e| e.0).unwrap_or_default();
+        let err = from_batch(&missing)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("missing column 'set_name'"), "{err}");
         Ok(())
     }

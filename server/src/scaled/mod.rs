@@ -17,6 +17,8 @@ pub mod reduce;
 
 use std::fmt;
 
+use crate::source::npy::{Dtype, Kind};
+
 /// How a scaled read reduces a block of `scale` elements per axis to one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Method {
@@ -215,6 +217,18 @@ impl Scale {
             factors.push(value as u64);
         }
         Ok(Scale::new(factors, method))
+    }
+
+    /// Refuses a scale whose method cannot reduce elements of `dtype`: `area` of a bool
+    /// tensor (a mean of booleans is not a boolean). The one check of it, for plans and for
+    /// chunk tickets alike.
+    pub fn check_dtype(&self, dtype: &Dtype) -> Result<(), ScaleError> {
+        if self.method == Method::Area && dtype.kind == Kind::Bool {
+            return Err(ScaleError::AreaOfBool {
+                dtype: dtype.numpy_str(),
+            });
+        }
+        Ok(())
     }
 
     /// Checks the scale is valid for a tensor of `shape` (as a decoded chunk id must be).

@@ -1,9 +1,9 @@
-//! Why an upload call was refused or failed, and how each reason travels on the wire.
+//! Why an upload call was refused or failed (`crate::error` gives each reason its gRPC
+//! status).
 
 use super::data::DataError;
 use super::manifest::ManifestError;
 use super::record::State;
-use crate::error::ServiceError;
 
 /// An upload call's failure.
 #[derive(Debug, thiserror::Error)]
@@ -212,69 +212,16 @@ fn clip(text: &str) -> &str {
 }
 
 impl UploadError {
+    /// A discard reason as a refusal carries it: cut to at most
+    /// [`super::MAX_REASON_BYTES`], at a character boundary.
+    pub(crate) fn clip_reason(detail: &str) -> &str {
+        clip(detail)
+    }
+
     pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> UploadError {
         UploadError::Invalid {
             call,
             reason: reason.into(),
-        }
-    }
-}
-
-impl From<UploadError> for ServiceError {
-    fn from(err: UploadError) -> ServiceError {
-        let text = err.to_string();
-        match err {
-            UploadError::Closed {
-                array_id,
-                state,
-                detail,
-                ..
-            } => ServiceError::UploadClosed {
-                message: text,
-                array_id,
-                state: state.name(),
-                code: if state == State::Ready {
-                    "upload_sealed"
-                } else {
-                    "upload_discarded"
-                },
-                detail: clip(&detail).to_string(),
-            },
-            UploadError::ReasonTooLong {
-                array_id, state, ..
-            } => ServiceError::UploadClosed {
-                detail: text.clone(),
-                message: text,
-                array_id,
-                state: state.name(),
-                code: "upload_refused",
-            },
-            UploadError::Invalid { .. }
-            | UploadError::Taken { .. }
-            | UploadError::NoSource { .. }
-            | UploadError::NotAnUpload { .. }
-            | UploadError::Backwards { .. }
-            | UploadError::NotReadable { .. }
-            | UploadError::OverLimit { .. }
-            | UploadError::TooManyCells { .. }
-            | UploadError::TooMany { .. }
-            | UploadError::InFlight { waited: None, .. } => ServiceError::InvalidArgument(text),
-            UploadError::InFlight { .. } => ServiceError::Unavailable(text),
-            UploadError::Manifest(source) if source.is_disk_full() => {
-                ServiceError::Unavailable(format!(
-                    "{text}: the state directory's filesystem is full; nothing was recorded, \
-                     try again once there is room"
-                ))
-            }
-            UploadError::Data { source, .. } if source.is_disk_full() => {
-                ServiceError::Unavailable(format!(
-                    "{text}: the state directory's filesystem is full; nothing was stored, send \
-                     the chunk again once there is room"
-                ))
-            }
-            UploadError::Manifest(_) | UploadError::Data { .. } | UploadError::Io { .. } => {
-                ServiceError::Internal(text)
-            }
         }
     }
 }
