@@ -48,7 +48,6 @@ mod store;
 mod writes;
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -63,7 +62,7 @@ use crate::error::{ServiceError, ServiceResult};
 use crate::grid::Region;
 use crate::metrics::Metrics;
 use crate::scaled::reduce::{self, ReduceError};
-use crate::source::npy::NpyError;
+use crate::source::{SourceError, SourceErrorKind};
 use crate::source::registry::Tensor;
 pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
 use budget::{BudgetError, DecodeBudget, Reserved};
@@ -479,17 +478,17 @@ impl ChunkService {
             shape: shape.iter().map(|&d| d as i64).collect(),
             dtype: tensor.dtype_str(),
         };
-        let source_error = |e: NpyError| match e {
-            NpyError::SourceChanged { .. } => ServiceError::Stale(format!(
+        let source_error = |e: SourceError| match e.kind() {
+            SourceErrorKind::Changed => ServiceError::Stale(format!(
                 "source '{}' changed on disk since this chunk was planned ({e}); plan the read again",
                 tensor.source_id
             )),
-            NpyError::SourceBusy { .. } => ServiceError::Unavailable(format!(
+            SourceErrorKind::Busy => ServiceError::Unavailable(format!(
                 "source '{}' is being written, so its chunks are not served until the write is done ({e}); retry",
                 tensor.source_id
             )),
-            other => {
-                ServiceError::Internal(format!("reading source '{}': {other}", tensor.source_id))
+            SourceErrorKind::Refused | SourceErrorKind::Failed => {
+                ServiceError::Internal(format!("reading source '{}': {e}", tensor.source_id))
             }
         };
         let mut try_append = self.writes.should_try();
@@ -507,12 +506,12 @@ impl ChunkService {
         // Only bytes of one complete version are ever cached: no writer, nothing touched
         // within the window, header and identity as planned (checked again after reading).
         tensor
-            .file
+            .source
             .settle(self.settle_window)
             .map_err(source_error)?;
         let finished = || {
-            tensor.file.check_unchanged()?;
-            tensor.file.check_no_writer()
+            tensor.source.check_unchanged()?;
+            tensor.source.check_no_writer()
         };
         let started = std::time::Instant::now();
         // One copy: source pages to segment pages inside the kernel, when the store can.
@@ -521,9 +520,17 @@ impl ChunkService {
         if try_append
             && id.scale().is_none()
             && nbytes < SPLICE_BELOW_BYTES
-            && let Ok(file) = tensor.file.file()
-            && let Some(src) = source_range(tensor, id, &file)
-            && let Some(appended) = self.store.append_from_file(&key, &meta, src, &finished)
+            && let Ok(Some(range)) = tensor.source.byte_range(id.region())
+            && let Some(appended) = self.store.append_from_file(
+                &key,
+                &meta,
+                FileRange {
+                    file: &range.file,
+                    offset: range.offset,
+                    len: range.len,
+                },
+                &finished,
+            )
         {
             self.metrics.record_write(started.elapsed());
             match appended {
@@ -533,7 +540,7 @@ impl ChunkService {
                 }
                 Ok(Err(changed)) => return Err(source_error(changed)),
                 Err(StoreError::SourceShort { .. }) => {
-                    tensor.file.check_unchanged().map_err(source_error)?;
+                    tensor.source.check_unchanged().map_err(source_error)?;
                     return Err(ServiceError::Internal(format!(
                         "source '{}' ended before the chunk's bytes while its size looks unchanged",
                         tensor.source_id
@@ -550,11 +557,11 @@ impl ChunkService {
         // read is refused, never cached under the old version's id.
         match id.scale() {
             None => tensor
-                .file
+                .source
                 .read_region(&id.region().start, &id.region().stop, buffer.as_mut_slice())
                 .map_err(source_error)?,
             Some(scale) => reduce::reduce_chunk(
-                &tensor.file,
+                &*tensor.source,
                 tensor.shape(),
                 id.region(),
                 scale,
@@ -643,21 +650,4 @@ impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
-}
-
-/// The chunk's bytes as one byte range of the source file, when they are one contiguous run
-/// of a C-order payload (the usual case: the grid splits the slowest axes first). `None`
-/// sends the chunk through the gathering read.
-fn source_range<'a>(tensor: &Tensor, id: &ChunkId, file: &'a File) -> Option<FileRange<'a>> {
-    let header = tensor.file.header();
-    if !header.is_c_layout() {
-        return None;
-    }
-    let elements = crate::grid::element_range(id.region(), &header.shape, false)?;
-    let itemsize = tensor.itemsize();
-    let offset = header
-        .data_offset
-        .checked_add(elements.start.checked_mul(itemsize)?)?;
-    let len = (elements.end - elements.start).checked_mul(itemsize)?;
-    Some(FileRange { file, offset, len })
 }

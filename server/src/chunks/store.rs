@@ -11,11 +11,11 @@ use tessera_segments::{EntryMeta, FileRange, Location, Store, StoreError};
 
 use super::{EncodedChunk, Materialized};
 use crate::error::{ServiceError, ServiceResult};
-use crate::source::npy::NpyError;
+use crate::source::SourceError;
 
 /// The outcome of [`ChunkStore::append_from_file`]: the store's own failure outside, the
 /// caller's source check inside.
-pub type FileAppend = Result<Result<(), NpyError>, StoreError>;
+pub type FileAppend = Result<Result<(), SourceError>, StoreError>;
 
 /// A place that keeps encoded chunks under their segment keys.
 pub trait ChunkStore: Send + Sync {
@@ -55,7 +55,7 @@ pub trait ChunkStore: Send + Sync {
         key: &[u8],
         meta: &EntryMeta,
         src: FileRange<'_>,
-        check: &dyn Fn() -> Result<(), NpyError>,
+        check: &dyn Fn() -> Result<(), SourceError>,
     ) -> Option<FileAppend>;
 
     /// The store's part of the `cache_stats` reply (the service adds its own counters).
@@ -125,7 +125,7 @@ impl ChunkStore for SegmentFiles {
         key: &[u8],
         meta: &EntryMeta,
         src: FileRange<'_>,
-        check: &dyn Fn() -> Result<(), NpyError>,
+        check: &dyn Fn() -> Result<(), SourceError>,
     ) -> Option<FileAppend> {
         Some(
             self.store

@@ -21,6 +21,7 @@ mod limits;
 mod manifest;
 mod open;
 mod record;
+mod source;
 mod zeros;
 
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arrow_array::RecordBatch;
 use parking_lot::{Mutex, RwLock};
 use tessera_proto::pb::{TensorDescriptor, UploadStatus};
-use tessera_segments::{EntryMeta, Location};
+use tessera_segments::EntryMeta;
 
 pub use batch::arrow_type;
 pub use data::{ChunkData, DataError};
@@ -42,8 +43,7 @@ pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits
 pub use manifest::{Manifest, ManifestError};
 pub use record::{State, UploadRecord};
 
-use crate::chunk_id::{ChunkId, ContentVersion};
-use crate::chunks::EncodedChunk;
+use crate::chunk_id::{ChunkId, ContentVersion, UploadVersion};
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
 use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};
@@ -115,12 +115,11 @@ impl Upload {
             ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
                 .map_err(|e| e.to_string())?;
         let bytes = record.shape.iter().product::<u64>() * dtype.itemsize as u64;
-        let version = ContentVersion {
-            dev: 0,
-            ino: record.uid,
+        let version = ContentVersion::Upload(UploadVersion {
+            uid: record.uid,
             size: bytes,
-            mtime_ns: record.created_ns,
-        };
+            created_ns: record.created_ns,
+        });
         Ok(Upload {
             dir: data_root.join(format!("{:016x}", record.uid)),
             slot: DataSlot::new(record.uid),
@@ -198,7 +197,7 @@ impl Upload {
     }
 
     fn tensor_bytes(&self) -> u64 {
-        self.version.size
+        self.version.size()
     }
 
     /// Its store, opened on demand (see [`open`]).
@@ -240,9 +239,6 @@ impl Upload {
             })
     }
 }
-
-/// An acknowledged chunk: the upload's store and the chunk's key in it.
-type StoredChunk = (Arc<ChunkData>, Vec<u8>);
 
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
 pub struct ChunkTarget {
@@ -805,35 +801,7 @@ impl Uploads {
                 ),
             ));
         };
-        if id.version() != upload.version {
-            return Err(UploadError::invalid(
-                call,
-                format!(
-                    "the ticket is of an earlier upload named '{}'; plan this one again",
-                    id.array_id()
-                ),
-            ));
-        }
-        if id.scale().is_some() {
-            return Err(UploadError::invalid(
-                call,
-                format!(
-                    "scaled chunks of the upload '{}' are not served",
-                    id.array_id()
-                ),
-            ));
-        }
-        let Some(cell) = upload.grid.cell_index(id.region()) else {
-            return Err(UploadError::invalid(
-                call,
-                format!(
-                    "the ticket's region {:?}..{:?} is not a chunk of '{}'",
-                    id.region().start,
-                    id.region().stop,
-                    id.array_id()
-                ),
-            ));
-        };
+        let cell = upload.cell_of(call, &id)?;
         Ok(ChunkTarget { upload, id, cell })
     }
 
@@ -880,91 +848,6 @@ impl Uploads {
         self.manifest.put_chunk(record.uid, target.cell, &key)?;
         upload.cells.lock().insert(target.cell, key);
         Ok(())
-    }
-
-    /// The READY upload and cell a read ticket names.
-    pub fn read_target(&self, chunk_id: &ChunkId) -> Result<ChunkTarget, UploadError> {
-        let target = self.target("read", chunk_id.clone())?;
-        let (state, detail) = {
-            let record = target.upload.record.lock();
-            (record.state, record.reason.clone())
-        };
-        if state != State::Ready {
-            return Err(UploadError::NotReadable {
-                array_id: chunk_id.array_id().to_string(),
-                state,
-                detail,
-            });
-        }
-        Ok(target)
-    }
-
-    /// The store and key holding a READY upload's chunk, `None` for a cell never sent
-    /// (it reads as zeros, which are never stored). Blocking.
-    fn stored(&self, target: &ChunkTarget) -> Result<Option<StoredChunk>, UploadError> {
-        let upload = &target.upload;
-        let Some(key) = upload.cells.lock().get(&target.cell).cloned() else {
-            return Ok(None);
-        };
-        Ok(Some((upload.data()?, key)))
-    }
-
-    fn missing(call: &'static str, target: &ChunkTarget) -> UploadError {
-        UploadError::invalid(
-            call,
-            format!(
-                "a chunk of '{}' is missing from its store",
-                target.id.array_id()
-            ),
-        )
-    }
-
-    /// The chunk's IPC message (do_get): the bytes sent, or zeros built in memory for a
-    /// cell never sent. Blocking.
-    pub fn read(&self, target: &ChunkTarget) -> Result<EncodedChunk, UploadError> {
-        let Some((data, key)) = self.stored(target)? else {
-            let region = target.id.region();
-            let bytes = target
-                .elements()
-                .saturating_mul(target.upload.dtype.itemsize as u64);
-            return zeros::zeros_message(
-                &target.id.encode(),
-                &target.upload.meta_of(region),
-                bytes,
-            )
-            .map_err(|e| {
-                UploadError::invalid(
-                    "read",
-                    format!("the zero chunk of '{}': {e}", target.id.array_id()),
-                )
-            });
-        };
-        let entry = data
-            .read(&key)
-            .map_err(|source| UploadError::Data {
-                array_id: target.id.array_id().to_string(),
-                source,
-            })?
-            .ok_or_else(|| Self::missing("read", target))?;
-        Ok(EncodedChunk {
-            header: entry.header,
-            body: entry.body,
-        })
-    }
-
-    /// Where the chunk lives (chunk_locate); `Err(reason)` inside the `Ok` for a cell never
-    /// sent, whose zeros are not in any file: the client reads them with do_get. Blocking.
-    pub fn locate(&self, target: &ChunkTarget) -> Result<Result<Location, String>, UploadError> {
-        let Some((data, key)) = self.stored(target)? else {
-            return Ok(Err(format!(
-                "this chunk of '{}' was never sent: it reads as zeros, which are not stored; \
-                 fetch it with do_get",
-                target.id.array_id()
-            )));
-        };
-        data.locate(&key)
-            .map(Ok)
-            .ok_or_else(|| Self::missing("chunk_locate", target))
     }
 
     /// One pass of the sweep: discards uploads whose lifetime ran out, removes discarded
@@ -1104,7 +987,7 @@ mod tests {
         let (ticket, _) = chunk_of(&upload, 1);
         let id = ChunkId::decode(&ticket).unwrap();
         assert!(matches!(
-            uploads.read_target(&id),
+            upload.readable_cell(&id),
             Err(UploadError::NotReadable { .. })
         ));
         uploads.set_status(array_id, State::Ready, "").unwrap();
@@ -1121,15 +1004,11 @@ mod tests {
         ));
         // The chunk sent reads back; the cell never sent reads as zeros.
         let (sent, _) = chunk_of(&upload, 0);
-        let entry = uploads
-            .read(
-                &uploads
-                    .read_target(&ChunkId::decode(&sent).unwrap())
-                    .unwrap(),
-            )
+        let entry = upload
+            .read_chunk(&ChunkId::decode(&sent).unwrap())
             .unwrap();
         assert!(entry.body.windows(4).any(|w| w == [0, 0, 1, 0]));
-        let zeros = uploads.read(&uploads.read_target(&id).unwrap()).unwrap();
+        let zeros = upload.read_chunk(&id).unwrap();
         assert!(zeros.body.windows(24).any(|w| w.iter().all(|&b| b == 0)));
         assert!(upload.data_dir().exists());
         uploads
