@@ -248,3 +248,127 @@ fn check_decoded_chunk(tensor: &Tensor, id: &ChunkId) -> ServiceResult<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::path::Path;
+
+    use tessera_proto::pb::TensorReadOption;
+
+    use super::*;
+    use crate::chunks::MemoryStore;
+    use crate::grid::ChunkGrid;
+    use crate::source::npy::Dtype;
+    use crate::source::origin::Origin;
+    use crate::source::registry::{OpenOptions, Registry};
+    use crate::source::version::{ContentVersion, FileVersion};
+    use crate::source::{Source, SourceError};
+
+    /// A second kind of source, known only to this test: a C-order `u1` array in memory.
+    #[derive(Debug)]
+    struct InMemory {
+        shape: Vec<u64>,
+        dtype: Dtype,
+        bytes: Vec<u8>,
+    }
+
+    impl Source for InMemory {
+        fn format(&self) -> &'static str {
+            "memory"
+        }
+
+        fn path(&self) -> &Path {
+            Path::new("/nonexistent/in-memory")
+        }
+
+        fn shape(&self) -> &[u64] {
+            &self.shape
+        }
+
+        fn dtype(&self) -> &Dtype {
+            &self.dtype
+        }
+
+        fn version(&self) -> ContentVersion {
+            ContentVersion::File(FileVersion {
+                dev: 1,
+                ino: 2,
+                size: self.bytes.len() as u64,
+                mtime_ns: 3,
+            })
+        }
+
+        fn read_region(
+            &self,
+            start: &[u64],
+            stop: &[u64],
+            out: &mut [u8],
+        ) -> Result<(), SourceError> {
+            // Rank 2: one run per row.
+            let (cols, width) = (self.shape[1] as usize, (stop[1] - start[1]) as usize);
+            for (i, row) in (start[0]..stop[0]).enumerate() {
+                let from = row as usize * cols + start[1] as usize;
+                out[i * width..(i + 1) * width].copy_from_slice(&self.bytes[from..from + width]);
+            }
+            Ok(())
+        }
+    }
+
+    fn tensor() -> Arc<Tensor> {
+        let source = InMemory {
+            shape: vec![4, 6],
+            dtype: Dtype::parse("|u1").unwrap(),
+            bytes: (0..24).collect(),
+        };
+        // Cells of two rows (12 bytes).
+        let grid = ChunkGrid::plan(&source.shape, 1, false, 12).unwrap();
+        Arc::new(Tensor {
+            array_id: "mem".to_string(),
+            source_id: "mem".to_string(),
+            version: source.version(),
+            dim_labels: vec!["y".to_string(), "x".to_string()],
+            mapped_grid: grid.clone(),
+            grid,
+            origin: Origin::Configured,
+            meta: Default::default(),
+            source: Arc::new(source),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_source_of_another_kind_is_planned_and_read_by_the_request_path_as_it_is() {
+        let registry = Registry::default().with_tensor(tensor());
+        let sources = Sources::new(registry, OpenOptions::with_target(12));
+        let store = MemoryStore::new(1 << 20, "a test".to_string()).unwrap();
+        let chunks = Arc::new(ChunkService::new(Arc::new(store), 1 << 20, 2));
+        let (routes, metrics) = (RoutePlanner::default(), Metrics::default());
+        let path = ReadPath::new(&sources, None, &chunks, &routes, &metrics);
+
+        let tensor = path.tensor("mem").unwrap();
+        let request = TensorReadOption {
+            array_id: "mem".to_string(),
+            ..Default::default()
+        };
+        let planned = crate::flight::plan::plan(
+            &tensor,
+            &request,
+            &[],
+            Route::Socket,
+            &Default::default(),
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(planned.info.endpoint.len(), 2);
+
+        let ticket = &planned.info.endpoint[1].ticket.as_ref().unwrap().ticket;
+        let tessera_proto::ticket::TicketPayload::ChunkId(chunk_id) =
+            tessera_proto::ticket::decode_ticket(ticket).unwrap()
+        else {
+            panic!("a plan's endpoint carries a chunk ticket");
+        };
+        let chunk = path.encoded_chunk(&chunk_id, false).await.unwrap();
+        let data = &chunk.body[8..20];
+        assert_eq!(data, (12..24).collect::<Vec<u8>>().as_slice());
+    }
+}

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::source::version::FileVersion;
 use crate::source::registry::{Discovery, OpenOptions, Registry, SourceSpec, identity_at};
+use crate::source::version::FileVersion;
 use crate::state::ServiceState;
 
 /// Default time between two rescans.

@@ -106,7 +106,11 @@ impl Snapshot {
                 shape: t.shape().to_vec(),
                 chunk_shape: t.grid.chunk_shape().to_vec(),
                 dtype: t.dtype_str(),
-                nbytes: t.shape().iter().product::<u64>().saturating_mul(t.itemsize()),
+                nbytes: t
+                    .shape()
+                    .iter()
+                    .product::<u64>()
+                    .saturating_mul(t.itemsize()),
                 path: t.source.path().display().to_string(),
                 content_version: content_version(t),
             })

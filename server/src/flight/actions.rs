@@ -165,10 +165,7 @@ fn resolve(state: &ServiceState, body: &[u8]) -> ServiceResult<BoxStream<arrow_f
                 || source_id.to_string(),
                 |n| n.to_string_lossy().into_owned(),
             );
-            (
-                name,
-                i64::try_from(t.version.size()).unwrap_or(i64::MAX),
-            )
+            (name, i64::try_from(t.version.size()).unwrap_or(i64::MAX))
         })
         .unwrap_or_else(|| (source_id.to_string(), 0));
     let progress = ResolveStreamMessage {

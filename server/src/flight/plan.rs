@@ -233,10 +233,7 @@ pub fn plan(
         physical_scale: tensor.meta.physical_scale.clone(),
         physical_unit: tensor.meta.physical_unit.clone(),
         is_resident: mask.is_resident.then(|| tensor.source.is_resident()),
-        upload_status: tensor
-            .source
-            .upload_status()
-            .filter(|_| mask.upload_status),
+        upload_status: tensor.source.upload_status().filter(|_| mask.upload_status),
         ttl_seconds: tensor.source.ttl_seconds(),
         roi_ticket,
         ..Default::default()

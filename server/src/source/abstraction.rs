@@ -94,8 +94,7 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// Reads the region `start..stop` (exclusive stop, per axis) into `out` in C order;
     /// `out` is exactly the region's bytes. Checks afterwards that the source is still the
     /// version it was opened at, so bytes of a changed source are never returned.
-    fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8])
-    -> Result<(), SourceError>;
+    fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError>;
 
     /// The region's bytes as one byte range of a file, when they are one (a contiguous run
     /// of a C-order payload): the chunk service then copies them inside the kernel.

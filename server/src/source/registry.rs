@@ -29,14 +29,14 @@ use parking_lot::Mutex;
 
 use crate::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, Region, default_dim_labels};
+use crate::source::Source;
 use crate::source::confine::Confine;
+use crate::source::formats;
 use crate::source::ids::IdBook;
 use crate::source::meta::{self, SourceMeta, Supplied};
-use crate::source::Source;
-use crate::source::formats;
 use crate::source::npy::{Limits, Placement};
-use crate::source::version::FileVersion;
 use crate::source::origin::Origin;
+use crate::source::version::FileVersion;
 
 /// Source of registry generations: every registry whose set of sources may differ from
 /// its parent's gets a new one, so what is derived from the set (the catalog tree) is
@@ -744,6 +744,14 @@ impl Registry {
         self.tensors.get(id)
     }
 
+    /// This registry serving `tensor` too, under its source id (tests of the request path
+    /// with a source of their own).
+    #[cfg(test)]
+    pub(crate) fn with_tensor(mut self, tensor: Arc<Tensor>) -> Registry {
+        self.tensors.insert(tensor.source_id.clone(), tensor);
+        self
+    }
+
     /// All served tensors in id order.
     pub fn tensors(&self) -> impl Iterator<Item = &Arc<Tensor>> {
         self.tensors.values()
@@ -957,8 +965,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, found: &mut Discovery) -> std::io::R
                     .push(format!("{}: directory skipped: {err}", path.display()));
                 found.not_seen(&path, &err);
             }
-        } else if formats::is_served(&path) && (kind.is_file() || path.is_file())
-        {
+        } else if formats::is_served(&path) && (kind.is_file() || path.is_file()) {
             out.push(path);
         }
     }

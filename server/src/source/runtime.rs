@@ -435,8 +435,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
         };
         if kind.is_dir() {
             walk(&path, out, max)?;
-        } else if crate::source::formats::is_served(&path) && (kind.is_file() || path.is_file())
-        {
+        } else if crate::source::formats::is_served(&path) && (kind.is_file() || path.is_file()) {
             out.push(path);
             if out.len() > max {
                 return Err(format!(

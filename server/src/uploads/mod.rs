@@ -1004,9 +1004,7 @@ mod tests {
         ));
         // The chunk sent reads back; the cell never sent reads as zeros.
         let (sent, _) = chunk_of(&upload, 0);
-        let entry = upload
-            .read_chunk(&ChunkId::decode(&sent).unwrap())
-            .unwrap();
+        let entry = upload.read_chunk(&ChunkId::decode(&sent).unwrap()).unwrap();
         assert!(entry.body.windows(4).any(|w| w == [0, 0, 1, 0]));
         let zeros = upload.read_chunk(&id).unwrap();
         assert!(zeros.body.windows(24).any(|w| w.iter().all(|&b| b == 0)));

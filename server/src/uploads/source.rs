@@ -121,14 +121,12 @@ impl Upload {
                 .num_elements()
                 .unwrap_or(u64::MAX)
                 .saturating_mul(self.dtype.itemsize as u64);
-            return zeros::zeros_message(&id.encode(), &self.meta_of(region), bytes).map_err(
-                |e| {
-                    UploadError::invalid(
-                        "read",
-                        format!("the zero chunk of '{}': {e}", id.array_id()),
-                    )
-                },
-            );
+            return zeros::zeros_message(&id.encode(), &self.meta_of(region), bytes).map_err(|e| {
+                UploadError::invalid(
+                    "read",
+                    format!("the zero chunk of '{}': {e}", id.array_id()),
+                )
+            });
         };
         let entry = self
             .data()?
@@ -281,7 +279,9 @@ fn copy_overlap(
     out: &mut [u8],
 ) -> Option<()> {
     let start = usize::try_from(DATA_BODY_OFFSET).ok()?;
-    let cell_bytes = usize::try_from(cell.num_elements()?).ok()?.checked_mul(itemsize)?;
+    let cell_bytes = usize::try_from(cell.num_elements()?)
+        .ok()?
+        .checked_mul(itemsize)?;
     let values = chunk.body.get(start..start.checked_add(cell_bytes)?)?;
     let overlap = cell.intersect(region)?;
     let in_cell = overlap.relative_to(cell)?;

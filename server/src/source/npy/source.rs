@@ -103,12 +103,7 @@ impl Source for NpyFile {
         std::fs::metadata(NpyFile::path(self)).is_ok_and(|m| m.is_file())
     }
 
-    fn read_region(
-        &self,
-        start: &[u64],
-        stop: &[u64],
-        out: &mut [u8],
-    ) -> Result<(), SourceError> {
+    fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
         Ok(NpyFile::read_region(self, start, stop, out)?)
     }
 
@@ -149,5 +144,4 @@ impl Source for NpyFile {
     fn check_no_writer(&self) -> Result<(), SourceError> {
         Ok(NpyFile::check_no_writer(self)?)
     }
-
 }
