@@ -20,11 +20,15 @@ pub struct Format {
     pub open: Opener,
 }
 
-/// Every format served from files, tried by extension.
-pub const FORMATS: &[Format] = &[Format {
+/// The format a file given by name is opened with when no format claims its extension:
+/// `.npy`, whose header check refuses what is not one (as before formats were registered).
+const DEFAULT: Format = Format {
     extension: "npy",
     open: npy::open_source,
-}];
+};
+
+/// Every format served from files, tried by extension.
+pub const FORMATS: &[Format] = &[DEFAULT];
 
 /// The format that claims `path`, by its extension.
 pub fn format_of(path: &Path) -> Option<&'static Format> {
@@ -37,22 +41,30 @@ pub fn is_served(path: &Path) -> bool {
     format_of(path).is_some()
 }
 
-/// Opens `path` with the format that claims it.
+/// Opens `path` with the format that claims it (a file given by name that none claims:
+/// the default, `.npy`).
 pub fn open(
     path: &Path,
     limits: &Limits,
     place: Option<Placement>,
 ) -> Result<Arc<dyn Source>, String> {
-    match format_of(path) {
-        Some(format) => (format.open)(path, limits, place),
-        None => Err(format!(
-            "{}: no served format has its extension (served: {})",
-            path.display(),
-            FORMATS
-                .iter()
-                .map(|f| format!(".{}", f.extension))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+    let format = format_of(path).unwrap_or(&DEFAULT);
+    (format.open)(path, limits, place)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_format_is_found_by_its_extension_only() {
+        assert_eq!(
+            format_of(Path::new("/d/cells.npy")).map(|f| f.extension),
+            Some("npy")
+        );
+        assert!(is_served(Path::new("x.npy")));
+        assert!(!is_served(Path::new("x.npy.json")));
+        assert!(!is_served(Path::new("npy")));
+        assert!(!is_served(Path::new("x.NPY")));
     }
 }

@@ -3,7 +3,7 @@
 //! # Id rule
 //! A file given directly (`cells.npy`) is served as source id and array id
 //! `cells` (the file stem). A file found while scanning a directory gets the path
-//! relative to that directory, without the `.npy` suffix, with each `/` replaced
+//! relative to that directory, without its format's suffix (`.npy`), with each `/` replaced
 //! by `.` (`plates/a1/cells.npy` → `plates.a1.cells`). Characters outside
 //! `[A-Za-z0-9._-]` become `_`, so ids are slash-free and safe in SQL literals.
 //! Files are visited in sorted path order; when two files map to the same id the
@@ -933,8 +933,12 @@ fn collect(
             .iter()
             .map(|c| c.to_string_lossy().into_owned())
             .collect();
-        if let Some(last) = parts.last_mut()
-            && let Some(stripped) = last.strip_suffix(".npy")
+        // Without the extension of its format (`cells.npy` → `cells`).
+        if let Some(format) = formats::format_of(&file)
+            && let Some(last) = parts.last_mut()
+            && let Some(stripped) = last
+                .strip_suffix(format.extension)
+                .and_then(|rest| rest.strip_suffix('.'))
         {
             *last = stripped.to_string();
         }

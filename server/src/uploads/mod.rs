@@ -942,6 +942,44 @@ mod tests {
     }
 
     #[test]
+    fn a_region_reads_across_sent_and_unsent_cells() {
+        use crate::source::Source;
+        let tmp = tempfile::tempdir().unwrap();
+        let uploads = Uploads::open(
+            tmp.path(),
+            1 << 20,
+            Duration::from_secs(600),
+            UploadLimits::default(),
+        )
+        .unwrap();
+        let request = TensorDescriptor {
+            array_id: "cache://scratch/@fields/r".to_string(),
+            shape: vec![4, 6],
+            dtype: "<u2".to_string(),
+            chunk_shape: vec![2, 6],
+            ..Default::default()
+        };
+        uploads.add(&request, |_| false).unwrap();
+        let upload = uploads.get("scratch/@fields/r").unwrap();
+        let (ticket, batch) = chunk_of(&upload, 0);
+        uploads
+            .put(&uploads.put_target(&ticket).unwrap(), &[batch])
+            .unwrap();
+        uploads
+            .set_status("scratch/@fields/r", State::Ready, "")
+            .unwrap();
+        // Rows 1..3, columns 2..5: row 1 from the sent cell, row 2 from the unsent one.
+        let mut out = vec![0xffu8; 2 * 3 * 2];
+        upload.read_region(&[1, 2], &[3, 5], &mut out).unwrap();
+        let values: Vec<u16> = out
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(values, [8, 9, 10, 0, 0, 0]);
+        assert!(upload.read_region(&[0, 0], &[5, 6], &mut out).is_err());
+    }
+
+    #[test]
     fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
         let tmp = tempfile::tempdir().unwrap();
         let request = TensorDescriptor {

@@ -5,7 +5,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
 use tessera_segments::Location;
 use tessera_segments::ipc::DATA_BODY_OFFSET;
 
@@ -22,6 +21,9 @@ use crate::source::{HeldChunk, HeldChunks, Scaling, Source, SourceError, SourceE
 impl From<UploadError> for SourceError {
     fn from(err: UploadError) -> SourceError {
         let kind = match &err {
+            // A full state directory: retry once there is room (as the upload calls say).
+            UploadError::Data { source, .. } if source.is_disk_full() => SourceErrorKind::Busy,
+            UploadError::Manifest(source) if source.is_disk_full() => SourceErrorKind::Busy,
             UploadError::Data { .. } | UploadError::Manifest(_) | UploadError::Io { .. } => {
                 SourceErrorKind::Failed
             }
@@ -209,19 +211,10 @@ impl Source for Upload {
         Some(Upload::dim_labels(self))
     }
 
-    fn format_metadata(&self) -> Map<String, Value> {
-        Map::new()
-    }
-
     fn scaling(&self) -> Scaling {
         Scaling::FullOnly {
             what: "uploaded tensors",
         }
-    }
-
-    /// Its chunks are in the state directory, on this machine.
-    fn is_resident(&self) -> bool {
-        true
     }
 
     /// Cuts the region out of the chunks of the cells it touches (a cell never sent
