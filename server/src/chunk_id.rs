@@ -40,12 +40,32 @@
 //! A full-resolution chunk is always version 1 (a version 2 id with every factor 1 is
 //! refused), so every chunk has exactly one id and the ids of version 1 are unchanged.
 //!
+//! # Format, version 3: a chunk of an upload (docs/decisions/0019, 0028)
+//!
+//! Version 1's layout with version byte 3, its content version an upload's
+//! ([`UploadVersion`]) in 24 bytes instead of a file's 32:
+//!
+//! ```text
+//! 5+L     8           u64 uid         ┐ content version
+//! 13+L    8           u64 size        │ of the upload
+//! 21+L    8           i64 created_ns  ┘
+//! 29+L    1           u8 N = number of axes (1..=32)
+//! 30+L    16·N        start and stop per axis, as in version 1
+//! ```
+//!
+//! Total length: `30 + L + 16·N` bytes. Uploads have no scaled chunks. Versions 1 and 2
+//! always carry a file's version ([`FileVersion`]), so the format byte says the kind.
+//! Ids of uploads minted before version 3 existed (version 1, the uid where a file's inode
+//! stands) decode as a file's version, which no upload has: they are refused as tickets of
+//! an earlier upload, never read as another upload's bytes.
+//!
 //! Decoding never panics and never allocates more than the input can back. Whether
 //! the bounds name a real cell of the tensor is the grid's question
 //! ([`ChunkGrid::is_cell`](crate::grid::ChunkGrid::is_cell)), not the codec's.
 
 use crate::grid::{MAX_RANK, Region};
 use crate::scaled::{Method, Scale};
+pub use crate::source::version::{ContentVersion, FileVersion, UploadVersion};
 
 /// The two magic bytes every chunk id starts with: `"TS"`.
 pub const MAGIC: [u8; 2] = *b"TS";
@@ -56,24 +76,14 @@ pub const FORMAT_VERSION: u8 = 1;
 /// The format version of a scaled chunk id (version 1 plus scale and method).
 pub const SCALED_FORMAT_VERSION: u8 = 2;
 
+/// The format version of a chunk id of an upload (its version in place of a file's).
+pub const UPLOAD_FORMAT_VERSION: u8 = 3;
+
 /// The longest array id a chunk id can carry, in UTF-8 bytes.
 pub const MAX_ARRAY_ID_BYTES: usize = 1024;
 
 /// Magic, version and array-id length: the fixed bytes before the array id.
 const HEADER_BYTES: usize = 5;
-
-/// The content version of a source file: changes whenever its bytes may have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ContentVersion {
-    /// The device id (`st_dev`).
-    pub dev: u64,
-    /// The inode number (`st_ino`).
-    pub ino: u64,
-    /// The size in bytes (`st_size`).
-    pub size: u64,
-    /// The modification time in nanoseconds since the Unix epoch.
-    pub mtime_ns: i64,
-}
 
 /// Why a chunk id was refused, when built or when decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -158,6 +168,9 @@ pub enum ChunkIdError {
     /// A method byte no version of the codec wrote.
     #[error("chunk id has unknown reduction method code {0:#04x}")]
     UnknownMethod(u8),
+    /// A scaled chunk of an upload: uploads are read at full resolution only.
+    #[error("chunk id of an upload cannot be scaled (uploads are read at full resolution)")]
+    ScaledUpload,
 }
 
 /// One chunk of one tensor at one content version. Built only through
@@ -176,10 +189,11 @@ impl ChunkId {
     /// equal start and stop lengths, `start <= stop` on every axis.
     pub fn new(
         array_id: impl Into<String>,
-        version: ContentVersion,
+        version: impl Into<ContentVersion>,
         region: Region,
     ) -> Result<ChunkId, ChunkIdError> {
         let array_id = array_id.into();
+        let version = version.into();
         check_array_id_len(array_id.len())?;
         if region.start.len() != region.stop.len() {
             return Err(ChunkIdError::RankMismatch {
@@ -201,11 +215,14 @@ impl ChunkId {
     /// like [`ChunkId::new`], and the scale must have the region's rank.
     pub fn scaled(
         array_id: impl Into<String>,
-        version: ContentVersion,
+        version: impl Into<ContentVersion>,
         region: Region,
         scale: Scale,
     ) -> Result<ChunkId, ChunkIdError> {
         let mut id = ChunkId::new(array_id, version, region)?;
+        if let ContentVersion::Upload(_) = id.version {
+            return Err(ChunkIdError::ScaledUpload);
+        }
         if scale.factors().len() != id.region.rank() {
             return Err(ChunkIdError::ScaleRank {
                 scale: scale.factors().len(),
@@ -216,8 +233,13 @@ impl ChunkId {
         Ok(id)
     }
 
-    /// The same block at another scale (`None`: full resolution), keeping the rest.
+    /// The same block at another scale (`None`: full resolution), keeping the rest. An
+    /// upload's chunk stays at full resolution (uploads have no scaled chunks).
     pub fn with_scale(&self, scale: Option<Scale>) -> ChunkId {
+        let scale = match self.version {
+            ContentVersion::File(_) => scale,
+            ContentVersion::Upload(_) => None,
+        };
         ChunkId {
             scale,
             ..self.clone()
@@ -250,17 +272,27 @@ impl ChunkId {
         let rank = self.region.rank();
         let mut out = Vec::with_capacity(HEADER_BYTES + self.array_id.len() + 34 + 24 * rank);
         out.extend_from_slice(&MAGIC);
-        out.push(match self.scale {
-            None => FORMAT_VERSION,
-            Some(_) => SCALED_FORMAT_VERSION,
+        out.push(match (self.version, &self.scale) {
+            (ContentVersion::Upload(_), _) => UPLOAD_FORMAT_VERSION,
+            (ContentVersion::File(_), None) => FORMAT_VERSION,
+            (ContentVersion::File(_), Some(_)) => SCALED_FORMAT_VERSION,
         });
         // Both narrowing conversions are bounded by the checks in `new`/`decode`.
         out.extend_from_slice(&(self.array_id.len() as u16).to_be_bytes());
         out.extend_from_slice(self.array_id.as_bytes());
-        out.extend_from_slice(&self.version.dev.to_be_bytes());
-        out.extend_from_slice(&self.version.ino.to_be_bytes());
-        out.extend_from_slice(&self.version.size.to_be_bytes());
-        out.extend_from_slice(&self.version.mtime_ns.to_be_bytes());
+        match self.version {
+            ContentVersion::File(v) => {
+                out.extend_from_slice(&v.dev.to_be_bytes());
+                out.extend_from_slice(&v.ino.to_be_bytes());
+                out.extend_from_slice(&v.size.to_be_bytes());
+                out.extend_from_slice(&v.mtime_ns.to_be_bytes());
+            }
+            ContentVersion::Upload(v) => {
+                out.extend_from_slice(&v.uid.to_be_bytes());
+                out.extend_from_slice(&v.size.to_be_bytes());
+                out.extend_from_slice(&v.created_ns.to_be_bytes());
+            }
+        }
         out.push(rank as u8);
         for v in self.region.start.iter().chain(&self.region.stop) {
             out.extend_from_slice(&v.to_be_bytes());
@@ -291,7 +323,7 @@ impl ChunkId {
             return Err(ChunkIdError::BadMagic { found: magic });
         }
         let [format] = r.array::<1>("the version")?;
-        if format != FORMAT_VERSION && format != SCALED_FORMAT_VERSION {
+        if !(FORMAT_VERSION..=UPLOAD_FORMAT_VERSION).contains(&format) {
             return Err(ChunkIdError::UnknownVersion(format));
         }
         let id_len = usize::from(u16::from_be_bytes(r.array("the array id length")?));
@@ -300,11 +332,19 @@ impl ChunkId {
         let array_id = std::str::from_utf8(id_bytes)
             .map_err(|_| ChunkIdError::ArrayIdNotUtf8)?
             .to_owned();
-        let version = ContentVersion {
-            dev: u64::from_be_bytes(r.array("the content version")?),
-            ino: u64::from_be_bytes(r.array("the content version")?),
-            size: u64::from_be_bytes(r.array("the content version")?),
-            mtime_ns: i64::from_be_bytes(r.array("the content version")?),
+        let version = if format == UPLOAD_FORMAT_VERSION {
+            ContentVersion::Upload(UploadVersion {
+                uid: u64::from_be_bytes(r.array("the content version")?),
+                size: u64::from_be_bytes(r.array("the content version")?),
+                created_ns: i64::from_be_bytes(r.array("the content version")?),
+            })
+        } else {
+            ContentVersion::File(FileVersion {
+                dev: u64::from_be_bytes(r.array("the content version")?),
+                ino: u64::from_be_bytes(r.array("the content version")?),
+                size: u64::from_be_bytes(r.array("the content version")?),
+                mtime_ns: i64::from_be_bytes(r.array("the content version")?),
+            })
         };
         let [rank] = r.array::<1>("the axis count")?;
         let rank = usize::from(rank);
@@ -409,4 +449,68 @@ fn check_order(region: &Region) -> Result<(), ChunkIdError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn upload() -> UploadVersion {
+        UploadVersion {
+            uid: 7,
+            size: 48,
+            created_ns: -5,
+        }
+    }
+
+    fn region() -> Region {
+        Region::new(vec![0, 16], vec![16, 32])
+    }
+
+    #[test]
+    fn an_upload_chunk_is_format_3_and_round_trips() {
+        let id = ChunkId::new("scratch/@fields/t", upload(), region()).unwrap();
+        let bytes = id.encode();
+        assert_eq!(bytes[2], UPLOAD_FORMAT_VERSION);
+        assert_eq!(bytes.len(), 30 + "scratch/@fields/t".len() + 16 * 2);
+        let back = ChunkId::decode(&bytes).unwrap();
+        assert_eq!(back, id);
+        assert_eq!(back.version(), ContentVersion::Upload(upload()));
+        let scale = Scale::new(vec![2, 2], Method::Nearest).unwrap();
+        assert_eq!(
+            ChunkId::scaled("scratch/@fields/t", upload(), region(), scale.clone()).unwrap_err(),
+            ChunkIdError::ScaledUpload
+        );
+        assert_eq!(id.with_scale(Some(scale)), id);
+    }
+
+    #[test]
+    fn an_upload_id_minted_before_format_3_reads_as_a_file_version_no_upload_has() {
+        // Before format 3 an upload's id was format 1 with device 0 and its uid as inode.
+        let old = ChunkId::new(
+            "scratch/@fields/t",
+            FileVersion {
+                dev: 0,
+                ino: 7,
+                size: 48,
+                mtime_ns: -5,
+            },
+            region(),
+        )
+        .unwrap();
+        let back = ChunkId::decode(&old.encode()).unwrap();
+        assert!(matches!(back.version(), ContentVersion::File(_)));
+        assert_ne!(back.version(), ContentVersion::Upload(upload()));
+    }
+
+    #[test]
+    fn a_truncated_upload_id_is_refused() {
+        let bytes = ChunkId::new("u/@fields/t", upload(), region())
+            .unwrap()
+            .encode();
+        for len in 0..bytes.len() {
+            assert!(ChunkId::decode(&bytes[..len]).is_err(), "{len}");
+        }
+    }
 }

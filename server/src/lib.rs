@@ -32,6 +32,7 @@ pub mod grid;
 pub mod listener;
 pub mod metrics;
 pub mod pins;
+pub mod read_path;
 pub mod reopening_db;
 pub mod rois;
 pub mod route;

@@ -1,6 +1,7 @@
-//! Everything the service shares between calls, below the wire: the sources, the chunk
-//! service, the catalog, the ledger of unread replies and the metrics handle. `flight/` turns
-//! calls into these; `watch` and `scrape` read and refresh them.
+//! Everything the service shares between calls, below the wire: the sources, the uploads,
+//! the chunk service, the catalog, the ledger of unread replies and the metrics handle, as
+//! handles with getters. `flight/` turns calls into these; `watch` and `scrape` read and
+//! refresh them. The request path (plans' grids, chunks' bytes) is [`crate::read_path`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,20 +12,20 @@ use parking_lot::Mutex;
 
 use crate::catalog::tree::{Level, TreeIndex};
 use crate::catalog::{self, Catalog, CatalogLimits};
-use crate::chunk_id::ChunkId;
-use crate::chunks::{ChunkService, EncodedChunk, LocateOutcome};
+use crate::chunks::ChunkService;
 use crate::error::{ServiceError, ServiceResult};
 use crate::metrics::Metrics;
 use crate::pins::{PinLimits, Pins};
+use crate::read_path::ReadPath;
 use crate::rois::Annotations;
-use crate::route::{LoopbackPlans, Route, RoutePlanner};
+use crate::route::{LoopbackPlans, RoutePlanner};
 use crate::scaled::pyramid::PyramidPolicy;
 use crate::source::registry::{OpenOptions, Registry, Tensor};
 use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
 use crate::state_dir::StateDir;
-use crate::uploads::{ChunkTarget, Upload, Uploads, is_upload_id};
+use crate::uploads::{Upload, Uploads};
 use tessera_proto::pb::{TensorDescriptor, UploadStatus};
 
 /// Everything the service shares between calls.
@@ -117,19 +118,6 @@ impl ServiceState {
         })
     }
 
-    /// The upload `array_id` names, when it names one (`<source>/@fields/<name>`); such an
-    /// id that names no upload is refused as unknown.
-    pub fn upload(&self, array_id: &str) -> ServiceResult<Option<Arc<Upload>>> {
-        if !is_upload_id(array_id) {
-            return Ok(None);
-        }
-        self.uploads
-            .as_ref()
-            .and_then(|uploads| uploads.get(array_id))
-            .map(Some)
-            .ok_or_else(|| ServiceError::UnknownSource(array_id.to_string()))
-    }
-
     /// The READY uploads as catalog rows.
     fn upload_rows(&self) -> Vec<catalog::tables::UploadRow> {
         self.ready_uploads()
@@ -145,7 +133,7 @@ impl ServiceState {
                     shape: u.shape().to_vec(),
                     chunk_shape: u.grid().chunk_shape().to_vec(),
                     dtype: u.dtype_str(),
-                    nbytes: u.version().size,
+                    nbytes: u.version().size(),
                     path: u.data_dir().display().to_string(),
                     content_version: catalog::tables::version_hex(u.version()),
                     array_id,
@@ -174,41 +162,6 @@ impl ServiceState {
     ) -> ServiceResult<Option<UploadStatus>> {
         let uploads = self.uploads_for_write("set_upload_status")?;
         Ok(uploads.set_status(array_id, state, reason)?)
-    }
-
-    /// The READY upload chunk a ticket names, or `None` when the ticket is not an upload's.
-    fn upload_read_target(&self, chunk_id: &[u8]) -> ServiceResult<Option<ChunkTarget>> {
-        let id = ChunkId::decode(chunk_id)
-            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
-        if !is_upload_id(id.array_id()) {
-            return Ok(None);
-        }
-        let Some(uploads) = self.uploads.as_ref() else {
-            return Err(ServiceError::UnknownSource(id.array_id().to_string()));
-        };
-        Ok(Some(uploads.read_target(&id)?))
-    }
-
-    /// Where the chunk a ticket names lives in a segment file (`chunk_locate`), decoding
-    /// it first if it is cold; or why the client should use `do_get`.
-    pub async fn locate_chunk(&self, chunk_id: &[u8]) -> ServiceResult<LocateOutcome> {
-        if let Some(target) = self.upload_read_target(chunk_id)? {
-            let uploads = self.uploads.clone();
-            let located =
-                tokio::task::spawn_blocking(move || uploads.map(|u| u.locate(&target)).transpose())
-                    .await
-                    .map_err(|e| {
-                        ServiceError::Internal(format!("locating an upload chunk: {e}"))
-                    })??;
-            let located =
-                located.ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
-            if located.is_located() {
-                self.chunks.count_served(true);
-            }
-            return Ok(located);
-        }
-        let (tensor, id) = self.resolve_chunk(chunk_id)?;
-        Ok(self.chunks.locate(&tensor, &id).await?)
     }
 
     /// Lets clients write, keeping what they write in `state_dir` (default: read-only, no
@@ -362,6 +315,18 @@ impl ServiceState {
         Ok(self.catalog.query(&snapshot, sql).await?)
     }
 
+    /// The request path: plans' grids and chunks' bytes, whatever the source
+    /// ([`ReadPath`]).
+    pub fn read_path(&self) -> ReadPath<'_> {
+        ReadPath::new(
+            &self.sources,
+            self.uploads.as_ref(),
+            &self.chunks,
+            &self.routes,
+            &self.metrics,
+        )
+    }
+
     /// The chunk service (for shutdown).
     pub fn chunks(&self) -> &Arc<ChunkService> {
         &self.chunks
@@ -376,112 +341,6 @@ impl ServiceState {
     /// first if its file changed on disk since it was opened.
     pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
         self.sources.resolve(array_id)
-    }
-
-    /// The grid a plan for a peer on loopback (or not) is cut on (see [`crate::route`]).
-    pub fn plan_route(&self, loopback: bool) -> Route {
-        self.routes.route(loopback, self.chunks.mappable())
-    }
-
-    /// The grid of a plan of `tensor` for a peer whose route is `route`: a loopback peer
-    /// planned on the socket grid reads the coarse grid instead while only that one is
-    /// cached, and the fine grid is filled in the background meanwhile
-    /// (`chunks/regrid.rs`, docs/decisions/0023).
-    pub fn route_for(&self, tensor: &Arc<Tensor>, loopback: bool, route: Route) -> Route {
-        let chunks = &self.chunks;
-        if route == Route::Socket
-            && loopback
-            && chunks.mappable()
-            && tensor.mapped_grid != tensor.grid
-            && !chunks.ends_cached(tensor, &tensor.grid)
-            && chunks.ends_cached(tensor, &tensor.mapped_grid)
-        {
-            chunks.fill_grid(tensor, &tensor.grid);
-            return Route::Mapped;
-        }
-        route
-    }
-
-    /// A client asked where a chunk lives (`chunk_locate`): loopback plans may map again.
-    pub fn note_locate(&self) {
-        self.routes.note_locate();
-    }
-
-    /// Decodes and validates a chunk id from a ticket: the tensor must exist, the
-    /// content version must be current, and the region must be a cell of one of its grids.
-    pub fn resolve_chunk(&self, chunk_id: &[u8]) -> ServiceResult<(Arc<Tensor>, ChunkId)> {
-        let id = ChunkId::decode(chunk_id)
-            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
-        let tensor = self.resolve(id.array_id())?;
-        if id.version() != tensor.version {
-            return Err(ServiceError::Stale(format!(
-                "chunk of '{}' was planned against another version of the source; plan the read again",
-                id.array_id()
-            )));
-        }
-        let is_chunk = match id.scale() {
-            None => tensor.grid_of(id.region()).is_some(),
-            Some(scale) => {
-                if !scale.fits(tensor.shape()) {
-                    return Err(ServiceError::InvalidArgument(format!(
-                        "chunk ticket scale {:?} does not fit '{}' of shape {:?}",
-                        scale.factors(),
-                        id.array_id(),
-                        tensor.shape()
-                    )));
-                }
-                if scale.check_dtype(&tensor.file.header().dtype).is_err() {
-                    return Err(ServiceError::InvalidArgument(format!(
-                        "chunk ticket of '{}' asks for 'area' of a bool tensor, which is refused",
-                        id.array_id()
-                    )));
-                }
-                tensor
-                    .scaled_grid_of(id.region(), scale.factors())
-                    .is_some()
-            }
-        };
-        if !is_chunk {
-            return Err(ServiceError::InvalidArgument(format!(
-                "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
-                id.region().start,
-                id.region().stop,
-                id.array_id()
-            )));
-        }
-        Ok((tensor, id))
-    }
-
-    /// The IPC message of the chunk a ticket names, decoding it first if it is cold;
-    /// counted as served by do_get. A loopback peer reading a chunk only the mapped grid
-    /// has is a local client that does not map: later loopback plans use the fine grid.
-    pub async fn encoded_chunk(
-        &self,
-        chunk_id: &[u8],
-        loopback: bool,
-    ) -> ServiceResult<EncodedChunk> {
-        if let Some(target) = self.upload_read_target(chunk_id)? {
-            let uploads = self.uploads.clone();
-            let chunk =
-                tokio::task::spawn_blocking(move || uploads.map(|u| u.read(&target)).transpose())
-                    .await
-                    .map_err(|e| ServiceError::Internal(format!("reading an upload chunk: {e}")))??
-                    .ok_or_else(|| ServiceError::Internal("uploads vanished".to_string()))?;
-            self.metrics.record_do_get_bytes(chunk.len() as u64);
-            self.chunks.count_served(false);
-            return Ok(chunk);
-        }
-        let (tensor, id) = self.resolve_chunk(chunk_id)?;
-        let fine_cell = match id.scale() {
-            None => tensor.grid.is_cell(id.region()),
-            Some(scale) => tensor.grid.scaled(scale.factors()).is_cell(id.region()),
-        };
-        if loopback && !fine_cell {
-            self.routes.note_local_socket_read();
-        }
-        let chunk = self.chunks.encoded(&tensor, &id).await?;
-        self.metrics.record_do_get_bytes(chunk.len() as u64);
-        Ok(chunk)
     }
 
     /// Paths of served sources (for logs and tests).

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::source::npy::FileIdentity;
 use crate::source::registry::{Discovery, OpenOptions, Registry, SourceSpec, identity_at};
+use crate::source::version::FileVersion;
 use crate::state::ServiceState;
 
 /// Default time between two rescans.
@@ -29,7 +29,7 @@ pub struct Watcher {
     options: OpenOptions,
     interval: Duration,
     /// What each file found looked like at the previous poll.
-    previous: HashMap<PathBuf, FileIdentity>,
+    previous: HashMap<PathBuf, FileVersion>,
     /// The listing problems last logged, so each is logged once.
     problems: Vec<String>,
 }
@@ -91,7 +91,7 @@ impl Watcher {
             }
             self.problems = found.problems.clone();
         }
-        let now: HashMap<PathBuf, FileIdentity> = found
+        let now: HashMap<PathBuf, FileVersion> = found
             .paths()
             .filter_map(|p| identity_at(p).map(|id| (p.to_path_buf(), id)))
             .collect();
@@ -125,12 +125,12 @@ impl Watcher {
 
 /// What the registry holds for each path: the identity the file had when opened
 /// (or refused).
-fn held_identities(registry: &Registry) -> HashMap<PathBuf, FileIdentity> {
+fn held_identities(registry: &Registry) -> HashMap<PathBuf, FileVersion> {
     // Runtime sources are not on the configured paths; the rescan leaves them alone.
-    let mut held: HashMap<PathBuf, FileIdentity> = registry
+    let mut held: HashMap<PathBuf, FileVersion> = registry
         .tensors()
         .filter(|t| !t.origin.is_dropped())
-        .map(|t| (t.file.path().to_path_buf(), t.file.identity()))
+        .filter_map(|t| Some((t.source.path().to_path_buf(), t.version.file()?)))
         .collect();
     for refused in registry.refused().filter(|r| !r.origin.is_dropped()) {
         if let Some(id) = registry.refused_identity(&refused.source_id) {

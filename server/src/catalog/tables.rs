@@ -106,8 +106,12 @@ impl Snapshot {
                 shape: t.shape().to_vec(),
                 chunk_shape: t.grid.chunk_shape().to_vec(),
                 dtype: t.dtype_str(),
-                nbytes: t.file.header().element_count().saturating_mul(t.itemsize()),
-                path: t.file.path().display().to_string(),
+                nbytes: t
+                    .shape()
+                    .iter()
+                    .product::<u64>()
+                    .saturating_mul(t.itemsize()),
+                path: t.source.path().display().to_string(),
                 content_version: content_version(t),
             })
             .chain(self.uploads.iter().cloned())
@@ -491,10 +495,13 @@ fn content_version(tensor: &Tensor) -> String {
 
 /// A content version as the lowercase hex of `tensors.content_version`.
 pub fn version_hex(v: crate::chunk_id::ContentVersion) -> String {
-    format!(
-        "{:016x}{:016x}{:016x}{:016x}",
-        v.dev, v.ino, v.size, v.mtime_ns as u64
-    )
+    use std::fmt::Write;
+    v.descriptor_bytes()
+        .iter()
+        .fold(String::with_capacity(64), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
 }
 
 #[cfg(test)]

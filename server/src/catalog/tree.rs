@@ -109,7 +109,7 @@ impl TreeIndex {
     pub fn of(registry: &Registry) -> TreeIndex {
         let entries = registry
             .tensors()
-            .map(|t| entry(&t.origin, t.file.path(), &t.source_id))
+            .map(|t| entry(&t.origin, t.source.path(), &t.source_id))
             .chain(
                 registry
                     .refused()

@@ -18,7 +18,6 @@
 //! appended. Every source strategy settles the source first and checks it unchanged before
 //! the chunk is kept, so only bytes of one complete version are ever cached.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -29,8 +28,8 @@ use super::store::FileAppend;
 use super::{ChunkError, ChunkService, Materialized, memory};
 use crate::chunk_id::ChunkId;
 use crate::scaled::reduce::{self, ReduceError};
-use crate::source::npy::NpyError;
 use crate::source::registry::Tensor;
+use crate::source::{ByteRange, SourceError};
 
 /// Chunks of at least this many bytes are read into a pooled buffer and written with one
 /// large write instead of `copy_file_range` (one copy more), so that the segment's page
@@ -43,7 +42,7 @@ enum Strategy {
     /// Cut out of the other grid's cached chunks, these slices of their mappings in order.
     Recut(Vec<Bytes>),
     /// Copied file to file from this byte range of the source.
-    CopyFile(Range<u64>),
+    CopyFile(ByteRange),
     /// Read (or, scaled, computed) from the source into a pooled buffer.
     Read(Keep),
 }
@@ -120,7 +119,7 @@ impl ChunkService {
         }
         if id.scale().is_none()
             && chunk.nbytes < SPLICE_BELOW_BYTES
-            && let Some(range) = source_range(tensor, id)
+            && let Ok(Some(range)) = tensor.source.byte_range(id.region())
         {
             return Strategy::CopyFile(range);
         }
@@ -136,17 +135,14 @@ impl ChunkService {
         tensor: &Tensor,
         id: &ChunkId,
         chunk: &ColdChunk,
-        range: Range<u64>,
+        range: ByteRange,
         stop: &AtomicBool,
     ) -> Result<Materialized, ChunkError> {
         self.settle(tensor)?;
-        let Ok(file) = tensor.file.file() else {
-            return self.read_settled(tensor, id, chunk, Keep::Store, stop);
-        };
         let src = FileRange {
-            file: &file,
-            offset: range.start,
-            len: range.end - range.start,
+            file: &range.file,
+            offset: range.offset,
+            len: range.len,
         };
         let started = std::time::Instant::now();
         let check = || unchanged_and_unwritten(tensor);
@@ -165,7 +161,7 @@ impl ChunkService {
             FileAppend::CheckRefused(err) => Err(ChunkError::of_source(&tensor.source_id, err)),
             FileAppend::Failed(short @ StoreError::SourceShort { .. }) => {
                 tensor
-                    .file
+                    .source
                     .check_unchanged()
                     .map_err(|e| ChunkError::of_source(&tensor.source_id, e))?;
                 Err(ChunkError::SourceShort {
@@ -232,7 +228,7 @@ impl ChunkService {
     /// settle window, header and identity as planned (docs/decisions/0011).
     fn settle(&self, tensor: &Tensor) -> Result<(), ChunkError> {
         tensor
-            .file
+            .source
             .settle(self.settle_window)
             .map_err(|e| ChunkError::of_source(&tensor.source_id, e))
     }
@@ -240,9 +236,9 @@ impl ChunkService {
 
 /// The check after a chunk's bytes are read or copied: the source is the version planned
 /// and nobody writes it.
-fn unchanged_and_unwritten(tensor: &Tensor) -> Result<(), NpyError> {
-    tensor.file.check_unchanged()?;
-    tensor.file.check_no_writer()
+fn unchanged_and_unwritten(tensor: &Tensor) -> Result<(), SourceError> {
+    tensor.source.check_unchanged()?;
+    tensor.source.check_no_writer()
 }
 
 /// Reads the chunk `id` of `tensor` into `out` in C order, reducing it for a scaled chunk
@@ -256,11 +252,11 @@ fn read_source(
 ) -> Result<(), ChunkError> {
     let Some(scale) = id.scale() else {
         return tensor
-            .file
+            .source
             .read_region(&id.region().start, &id.region().stop, out)
             .map_err(|e| ChunkError::of_source(&tensor.source_id, e));
     };
-    reduce::reduce_chunk(&tensor.file, tensor.shape(), id.region(), scale, out, stop).map_err(
+    reduce::reduce_chunk(&*tensor.source, tensor.shape(), id.region(), scale, out, stop).map_err(
         |e| match e {
             ReduceError::Source(e) => ChunkError::of_source(&tensor.source_id, e),
             ReduceError::Cancelled => {
@@ -275,21 +271,4 @@ fn read_source(
             },
         },
     )
-}
-
-/// The chunk's bytes as one byte range of the source file, when they are one contiguous run
-/// of a C-order payload (the usual case: the grid splits the slowest axes first). `None`
-/// sends the chunk through the gathering read.
-fn source_range(tensor: &Tensor, id: &ChunkId) -> Option<Range<u64>> {
-    let header = tensor.file.header();
-    if !header.is_c_layout() {
-        return None;
-    }
-    let elements = crate::grid::element_range(id.region(), &header.shape, false)?;
-    let itemsize = tensor.itemsize();
-    let offset = header
-        .data_offset
-        .checked_add(elements.start.checked_mul(itemsize)?)?;
-    let len = (elements.end - elements.start).checked_mul(itemsize)?;
-    Some(offset..offset.checked_add(len)?)
 }

@@ -9,7 +9,7 @@ use tessera_segments::ipc::EncodeError;
 use tokio::task::JoinError;
 
 use crate::scaled::reduce::ReduceError;
-use crate::source::npy::NpyError;
+use crate::source::{SourceError, SourceErrorKind};
 
 /// Everything the chunk service can fail with.
 ///
@@ -29,7 +29,7 @@ pub enum ChunkError {
         source_id: String,
         /// What changed.
         #[source]
-        source: Arc<NpyError>,
+        source: Arc<SourceError>,
     },
     /// The source is being written (a writer holds it, or it was touched within the settle
     /// window too long).
@@ -41,7 +41,7 @@ pub enum ChunkError {
         source_id: String,
         /// Who writes it, or how long it kept changing.
         #[source]
-        source: Arc<NpyError>,
+        source: Arc<SourceError>,
     },
     /// Reading the source failed otherwise (I/O error, bad region).
     #[error("reading source '{source_id}': {source}")]
@@ -50,7 +50,7 @@ pub enum ChunkError {
         source_id: String,
         /// The read's failure.
         #[source]
-        source: Arc<NpyError>,
+        source: Arc<SourceError>,
     },
     /// The source ended inside the chunk's byte range during a file-to-file copy, while
     /// its size still looks as planned.
@@ -136,21 +136,15 @@ pub enum ChunkError {
 impl ChunkError {
     /// A failure of `source_id` while its bytes were read or checked, classed by what the
     /// source said: changed, being written, or failed otherwise.
-    pub(crate) fn of_source(source_id: &str, err: NpyError) -> Self {
+    pub(crate) fn of_source(source_id: &str, err: SourceError) -> Self {
         let source_id = source_id.to_string();
-        match err {
-            NpyError::SourceChanged { .. } => Self::SourceChanged {
-                source_id,
-                source: Arc::new(err),
-            },
-            NpyError::SourceBusy { .. } => Self::SourceBusy {
-                source_id,
-                source: Arc::new(err),
-            },
-            other => Self::SourceRead {
-                source_id,
-                source: Arc::new(other),
-            },
+        let source = Arc::new(err);
+        match source.kind() {
+            SourceErrorKind::Changed => Self::SourceChanged { source_id, source },
+            SourceErrorKind::Busy => Self::SourceBusy { source_id, source },
+            SourceErrorKind::Refused | SourceErrorKind::Failed => {
+                Self::SourceRead { source_id, source }
+            }
         }
     }
 }

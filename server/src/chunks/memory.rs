@@ -16,7 +16,7 @@ use tessera_segments::{EntryMeta, FileRange, Location, StoreError, StoreStats};
 
 use super::store::{self, ChunkStore, FileAppend};
 use super::{ChunkError, EncodedChunk, Materialized, Unlocatable};
-use crate::source::npy::NpyError;
+use crate::source::SourceError;
 
 /// Counters the memory cache reports in `cache_stats`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -206,7 +206,7 @@ impl ChunkStore for MemoryStore {
         _key: &[u8],
         _meta: &EntryMeta,
         _src: FileRange<'_>,
-        _check: &dyn Fn() -> Result<(), NpyError>,
+        _check: &dyn Fn() -> Result<(), SourceError>,
     ) -> Option<FileAppend> {
         None
     }

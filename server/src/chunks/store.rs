@@ -12,7 +12,7 @@ use tessera_proto::json::{CacheBackend, CacheStats};
 use tessera_segments::{EntryMeta, FileRange, Location, Store, StoreError, StoreStats};
 
 use super::{ChunkError, EncodedChunk, Materialized, Unlocatable};
-use crate::source::npy::NpyError;
+use crate::source::SourceError;
 
 /// The outcome of [`ChunkStore::append_from_file`].
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub enum FileAppend {
     Stored,
     /// The caller's check refused after the copy (the source changed or is being written):
     /// nothing is kept.
-    CheckRefused(NpyError),
+    CheckRefused(SourceError),
     /// The store failed (a full disk, an I/O error, a source shorter than its range).
     Failed(StoreError),
 }
@@ -64,7 +64,7 @@ pub trait ChunkStore: Send + Sync {
         key: &[u8],
         meta: &EntryMeta,
         src: FileRange<'_>,
-        check: &dyn Fn() -> Result<(), NpyError>,
+        check: &dyn Fn() -> Result<(), SourceError>,
     ) -> Option<FileAppend>;
 
     /// The store's part of the `cache_stats` reply (the service adds its own counters).
@@ -133,7 +133,7 @@ impl ChunkStore for SegmentFiles {
         key: &[u8],
         meta: &EntryMeta,
         src: FileRange<'_>,
-        check: &dyn Fn() -> Result<(), NpyError>,
+        check: &dyn Fn() -> Result<(), SourceError>,
     ) -> Option<FileAppend> {
         Some(
             match self.store.append_from_file_checked(key, meta, src, check) {

@@ -154,15 +154,12 @@ fn resolve(state: &ServiceState, body: &[u8]) -> ServiceResult<BoxStream<arrow_f
         .read()
         .get(source_id)
         .map(|t| {
-            let path = t.file.path();
+            let path = t.source.path();
             let name = path.file_name().map_or_else(
                 || source_id.to_string(),
                 |n| n.to_string_lossy().into_owned(),
             );
-            (
-                name,
-                i64::try_from(t.file.identity().size).unwrap_or(i64::MAX),
-            )
+            (name, i64::try_from(t.version.size()).unwrap_or(i64::MAX))
         })
         .unwrap_or_else(|| (source_id.to_string(), 0));
     let progress = ResolveStreamMessage {
@@ -318,10 +315,10 @@ async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkL
         TicketPayload::ChunkId(id) => id,
         _ => return Err(RequestError::ChunkLocateTicket.into()),
     };
-    Ok(match state.locate_chunk(&chunk_id).await? {
+    Ok(match state.read_path().locate_chunk(&chunk_id).await? {
         LocateOutcome::Located(location) => {
             state.metrics().record_located_bytes(location.byte_length);
-            state.note_locate();
+            state.read_path().note_locate();
             ChunkLocateReply::located(
                 location.segment_path.display().to_string(),
                 location.byte_offset,

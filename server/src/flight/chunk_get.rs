@@ -201,7 +201,7 @@ async fn route(state: &ServiceState, limit: usize, request: http::Request<Body>)
             return Routed::Answer(Status::from(refusal).into_http());
         }
     };
-    match state.encoded_chunk(&chunk_id, loopback).await {
+    match state.read_path().encoded_chunk(&chunk_id, loopback).await {
         Ok(chunk) => {
             // Replies on connections of the accept loop are registered in the state's ledger
             // while the peer has not read them.

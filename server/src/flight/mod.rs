@@ -45,6 +45,7 @@ use crate::error::{Fault, NotServed, RequestError, ServiceError, ServiceResult};
 use crate::listener::Peer;
 use crate::pins::{Connection, Held};
 use crate::route::Route;
+use crate::scaled::pyramid::PyramidPolicy;
 use crate::source::registry::Tensor;
 use crate::source::sources::check_array_id_len;
 use crate::state::ServiceState;
@@ -79,7 +80,7 @@ impl TesseraFlight {
     /// Whether `request`'s peer is on loopback, and the route of its plans.
     fn route_of<T>(&self, request: &Request<T>) -> (bool, Route) {
         let loopback = Peer::of(request.extensions()).is_some_and(Peer::is_loopback);
-        (loopback, self.state.plan_route(loopback))
+        (loopback, self.state.read_path().plan_route(loopback))
     }
 
     /// A reply of `bytes` in the ledger of unread replies, as its connection's (chunk replies
@@ -109,13 +110,29 @@ impl TesseraFlight {
             array_id: array_id.to_string(),
             ..Default::default()
         };
+        self.plan(tensor, &request, route)
+    }
+
+    /// Plans `request` of `tensor` on the grid of `route`, with the ROI ticket of a tensor
+    /// that takes annotations.
+    fn plan(
+        &self,
+        tensor: &Tensor,
+        request: &TensorReadOption,
+        route: Route,
+    ) -> ServiceResult<Planned> {
+        let roi_ticket = if tensor.source.held_chunks().is_none() {
+            roi::ticket(&self.state, tensor)
+        } else {
+            Vec::new()
+        };
         plan::plan(
             tensor,
-            &request,
+            request,
             &request.encode_to_vec(),
             route,
             self.state.pyramid(),
-            roi::ticket(&self.state, tensor),
+            roi_ticket,
         )
     }
 
@@ -131,19 +148,10 @@ impl TesseraFlight {
             DescriptorType::Cmd => {
                 let request = decode_flight_request(&descriptor.cmd)
                     .map_err(|e| malformed_command(&descriptor.cmd, e))?;
-                if let Some(upload) = self.state.upload(&request.array_id)? {
-                    let info = plan::plan_upload(&upload, &request, &request.encode_to_vec())?;
-                    return Ok((info, None));
-                }
-                let tensor = self.state.resolve(&request.array_id)?;
-                let planned = plan::plan(
-                    &tensor,
-                    &request,
-                    &request.encode_to_vec(),
-                    self.state.route_for(&tensor, loopback, route),
-                    self.state.pyramid(),
-                    roi::ticket(&self.state, &tensor),
-                )?;
+                let read_path = self.state.read_path();
+                let tensor = read_path.tensor(&request.array_id)?;
+                let route = read_path.route_for(&tensor, loopback, route);
+                let planned = self.plan(&tensor, &request, route)?;
                 Ok(with_ends(tensor, planned))
             }
             DescriptorType::Path => {
@@ -157,13 +165,9 @@ impl TesseraFlight {
                 if let Some(schema) = catalog::table_schema(name) {
                     return Ok((catalog::wire::table_flight_info(name, &schema)?, None));
                 }
-                if let Some(upload) = self.state.upload(name)? {
-                    let info =
-                        plan_upload_whole(&upload, name)?.with_descriptor(descriptor.clone());
-                    return Ok((info, None));
-                }
-                let tensor = self.state.resolve(name)?;
-                let route = self.state.route_for(&tensor, loopback, route);
+                let read_path = self.state.read_path();
+                let tensor = read_path.tensor(name)?;
+                let route = read_path.route_for(&tensor, loopback, route);
                 let mut planned = self.plan_whole(&tensor, name, route)?;
                 planned.info = planned.info.with_descriptor(descriptor.clone());
                 Ok(with_ends(tensor, planned))
@@ -182,28 +186,25 @@ fn with_ends(tensor: Arc<Tensor>, planned: Planned) -> (FlightInfo, PlanEnds) {
     (planned.info, ends)
 }
 
-/// The whole-tensor plan of an upload, as ListFlights and a PATH descriptor answer it.
-fn plan_upload_whole(upload: &crate::uploads::Upload, array_id: &str) -> ServiceResult<FlightInfo> {
-    let request = TensorReadOption {
-        array_id: array_id.to_string(),
-        ..Default::default()
-    };
-    plan::plan_upload(upload, &request, &request.encode_to_vec())
-}
-
 /// The ListFlights entry of a READY upload: its descriptor and schema without endpoints
 /// (an upload's grid may have far more cells than a listing should carry; a generic tool
 /// plans it with GetFlightInfo of the entry's PATH descriptor).
-fn plan_upload_listed(
-    upload: &crate::uploads::Upload,
-    array_id: &str,
-) -> ServiceResult<FlightInfo> {
+fn plan_listed(tensor: &Tensor, pyramid: &PyramidPolicy) -> ServiceResult<FlightInfo> {
     let request = TensorReadOption {
-        array_id: array_id.to_string(),
+        array_id: tensor.array_id.clone(),
         fields: Some(Default::default()),
         ..Default::default()
     };
-    plan::plan_upload(upload, &request, &request.encode_to_vec())
+    let route = Route::Socket;
+    let planned = plan::plan(
+        tensor,
+        &request,
+        &request.encode_to_vec(),
+        route,
+        pyramid,
+        Vec::new(),
+    )?;
+    Ok(planned.info)
 }
 
 /// The refusal of a CMD descriptor that is not a `FlightRequest`. A bare array id there
@@ -286,9 +287,9 @@ impl FlightService for TesseraFlight {
             infos.push(info);
         }
         for upload in self.state.ready_uploads() {
-            let array_id = upload.array_id();
-            let info = plan_upload_listed(&upload, &array_id)?
-                .with_descriptor(FlightDescriptor::new_path(vec![array_id]));
+            let tensor = upload.tensor();
+            let info = plan_listed(&tensor, self.state.pyramid())?
+                .with_descriptor(FlightDescriptor::new_path(vec![tensor.array_id.clone()]));
             infos.push(info);
         }
         Ok(Response::new(once(infos)))

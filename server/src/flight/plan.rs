@@ -19,6 +19,12 @@
 //! `shape` is `ceil(realized / scale)`, `chunk_shape` the reduced cell, endpoint bounds
 //! are in the reduced frame (start floored, stop ceiled), and `slice_hint` stays in base
 //! coordinates, which is what the client's crop rule expects.
+//!
+//! One plan for every kind of source: what differs is asked of the source (how it answers
+//! scaled reads, whether it keeps its own chunks, its upload status), never of its kind.
+//! An upload is planned on its one grid (the cells its chunks were written as) at any
+//! state, so a producer can plan its writes while it is PENDING and a poller read its
+//! status (`upload_status` mask); its scaled reads are refused.
 
 use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use prost::Message;
@@ -34,16 +40,16 @@ use crate::grid::{ChunkGrid, Region};
 use crate::route::Route;
 use crate::scaled::pyramid::PyramidPolicy;
 use crate::scaled::{Method, Scale, ScaleError};
+use crate::source::Scaling;
 use crate::source::registry::Tensor;
-use crate::uploads::Upload;
 
 /// A plan's answer, with the chunks at both ends of a full-resolution plan that lists its
 /// endpoints (where a whole-region reader starts: decision 0022).
 pub struct Planned {
     /// The FlightInfo GetFlightInfo answers.
     pub info: FlightInfo,
-    /// The first and last chunk of the plan, in C order; `None` for a scaled plan or one
-    /// without endpoints.
+    /// The first and last chunk of the plan, in C order; `None` for a scaled plan, one
+    /// without endpoints, or one of a source that keeps its own chunks (nothing to decode).
     pub ends: Option<(ChunkId, ChunkId)>,
 }
 
@@ -128,11 +134,23 @@ fn to_i64(values: &[u64]) -> Vec<i64> {
 }
 
 /// Validates the request's `scale_hint` and `reduction_method`: `None` for a
-/// full-resolution read, the scale otherwise; refusals name what was refused and why.
+/// full-resolution read, the scale otherwise; refusals name what was refused and why. A
+/// source that serves full resolution only refuses any factor above 1 (and reads the rest
+/// of the hint as full resolution).
 pub fn requested_scale(
     tensor: &Tensor,
     request: &TensorReadOption,
 ) -> ServiceResult<Option<Scale>> {
+    if let Scaling::FullOnly { what } = tensor.source.scaling() {
+        if request.scale_hint.iter().any(|&f| f > 1) {
+            return Err(RequestError::ScaledFullOnly {
+                array_id: tensor.array_id.clone(),
+                what,
+            }
+            .into());
+        }
+        return Ok(None);
+    }
     let refuse = |source: ScaleError| RequestError::Scale {
         array_id: tensor.array_id.clone(),
         source,
@@ -144,9 +162,7 @@ pub fn requested_scale(
     )
     .map_err(refuse)?;
     if let Some(scale) = &scale {
-        scale
-            .check_dtype(&tensor.file.header().dtype)
-            .map_err(refuse)?;
+        scale.check_dtype(tensor.source.dtype()).map_err(refuse)?;
     }
     Ok(scale)
 }
@@ -225,7 +241,9 @@ pub fn plan(
         content_version: Some(version_bytes(tensor.version)),
         physical_scale: tensor.meta.physical_scale.clone(),
         physical_unit: tensor.meta.physical_unit.clone(),
-        is_resident: mask.is_resident.then(|| is_resident(tensor)),
+        is_resident: mask.is_resident.then(|| tensor.source.is_resident()),
+        upload_status: tensor.source.upload_status().filter(|_| mask.upload_status),
+        ttl_seconds: tensor.source.ttl_seconds(),
         roi_ticket,
         ..Default::default()
     };
@@ -240,7 +258,7 @@ pub fn plan(
             &realized,
             scale.as_ref(),
         )?);
-        if scale.is_none() {
+        if scale.is_none() && tensor.source.held_chunks().is_none() {
             ends = end_chunks(tensor, grid, &realized);
         }
     }
@@ -256,90 +274,14 @@ fn end_chunks(tensor: &Tensor, grid: &ChunkGrid, realized: &Region) -> Option<(C
     Some((id(first)?, id(last)?))
 }
 
-/// Builds the FlightInfo answering `request` for an uploaded tensor: planned on its one
-/// grid (the cells its chunks were written as) at any state, so a producer can plan its
-/// writes while it is PENDING and a poller read its status (`upload_status` mask) at any
-/// state. Scaled reads of uploads are refused.
-pub fn plan_upload(
-    upload: &Upload,
-    request: &TensorReadOption,
-    request_bytes: &[u8],
-) -> ServiceResult<FlightInfo> {
-    let array_id = request.array_id.as_str();
-    if request.scale_hint.iter().any(|&f| f > 1) {
-        return Err(RequestError::ScaledUpload {
-            array_id: array_id.to_string(),
-        }
-        .into());
-    }
-    let grid = upload.grid();
-    let shape = upload.shape();
-    let requested = requested_region(array_id, shape, request.slice_hint.as_ref())?;
-    let realized = match &requested {
-        Some(region) => grid.snap(region).map_err(|source| RequestError::Slice {
-            array_id: array_id.to_string(),
-            source,
-        })?,
-        None => Region::whole(shape),
-    };
-    let slice_hint =
-        (requested.is_some() || realized.start.iter().any(|&s| s > 0)).then(|| SliceHint {
-            start: to_i64(&realized.start),
-            stop: to_i64(&realized.stop),
-        });
-    let mask = Mask::from_request(request);
-    let native = PyramidLevel {
-        shape: to_i64(shape),
-        scale_hint: vec![1; shape.len()],
-        reduction_method: Method::Nearest.name().to_string(),
-        native: true,
-    };
-    let descriptor = TensorDescriptor {
-        array_id: array_id.to_string(),
-        dim_labels: upload.dim_labels(),
-        shape: to_i64(&realized.shape()),
-        chunk_shape: to_i64(grid.chunk_shape()),
-        dtype: upload.dtype_str(),
-        slice_hint,
-        metadata_json: if mask.metadata_json {
-            serde_json::json!({
-                "format": "upload",
-                "dtype": upload.dtype_str(),
-                "shape": shape,
-                "chunk_shape": grid.chunk_shape(),
-            })
-            .to_string()
-        } else {
-            String::new()
-        },
-        pyramid: if mask.pyramid {
-            vec![native]
-        } else {
-            Vec::new()
-        },
-        content_version: Some(version_bytes(upload.version())),
-        upload_status: mask.upload_status.then(|| upload.status()),
-        is_resident: mask.is_resident.then_some(true),
-        ttl_seconds: upload.ttl_seconds(),
-        ..Default::default()
-    };
-    let mut info = plan_info(&descriptor, request_bytes)?;
-    if mask.endpoints {
-        info = info.with_endpoints(endpoints(
-            array_id,
-            upload.version(),
-            grid,
-            &realized,
-            None,
-        )?);
-    }
-    Ok(info)
-}
-
-/// The levels the descriptor advertises: level 0 (native) and the computed ones.
+/// The levels the descriptor advertises: level 0 (native) and the computed ones (none for
+/// a source that serves full resolution only).
 fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel> {
-    pyramid
-        .levels(tensor.shape(), &tensor.dim_labels)
+    let levels = match tensor.source.scaling() {
+        Scaling::Computed => pyramid.levels(tensor.shape(), &tensor.dim_labels),
+        Scaling::FullOnly { .. } => vec![vec![1; tensor.shape().len()]],
+    };
+    levels
         .into_iter()
         .map(|factors| {
             let native = factors.iter().all(|&f| f == 1);
@@ -445,21 +387,10 @@ fn endpoint(
         .with_app_metadata(bounds.encode_to_vec()))
 }
 
-/// Whether the source's bytes are on this machine now: its file is a local file, so yes
-/// while it is there. One `stat`, never a read of the file.
-fn is_resident(tensor: &Tensor) -> bool {
-    std::fs::metadata(tensor.file.path()).is_ok_and(|m| m.is_file())
-}
-
 /// The content version as the descriptor reports it (informational for clients; what a
 /// ROI ticket's grant is sealed over).
 pub fn version_bytes(v: ContentVersion) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32);
-    out.extend_from_slice(&v.dev.to_be_bytes());
-    out.extend_from_slice(&v.ino.to_be_bytes());
-    out.extend_from_slice(&v.size.to_be_bytes());
-    out.extend_from_slice(&v.mtime_ns.to_be_bytes());
-    out
+    v.descriptor_bytes().to_vec()
 }
 
 /// The FlightInfo of a plan before its endpoints: the plan schema, the descriptor and the

@@ -117,14 +117,16 @@ pub enum RequestError {
         #[source]
         source: ScaleError,
     },
-    /// A scaled read of an uploaded tensor.
+    /// A scaled read of a tensor served at full resolution only (an upload).
     #[error(
-        "read of '{array_id}' refused: scaled reads (scale_hint) of uploaded tensors are not \
-         served; read it at full resolution"
+        "read of '{array_id}' refused: scaled reads (scale_hint) of {what} are not served; \
+         read it at full resolution"
     )]
-    ScaledUpload {
-        /// The upload.
+    ScaledFullOnly {
+        /// The tensor.
         array_id: String,
+        /// The kind of tensor, plural (`uploaded tensors`).
+        what: &'static str,
     },
     /// A plan whose endpoints would not fit one reply ([`MAX_PLAN_ENDPOINT_BYTES`]).
     #[error(

@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::grid::Region;
 use crate::scaled::kernel::{self, Elem, IntElem, Pairwise, Work};
 use crate::scaled::{Method, Scale};
-use crate::source::npy::{ByteOrder, Dtype, Kind, NpyError, NpyFile};
+use crate::source::npy::{ByteOrder, Dtype, Kind};
+use crate::source::{Source, SourceError};
 
 /// The most source bytes read into memory at once (one piece).
 pub const TILE_BYTES: u64 = 4 << 20;
@@ -55,7 +56,7 @@ pub fn decode_bytes(out_len: u64) -> u64 {
 pub enum ReduceError {
     /// Reading the source failed (or it changed while being read).
     #[error(transparent)]
-    Source(#[from] NpyError),
+    Source(#[from] SourceError),
     /// The method cannot reduce this dtype.
     #[error("reduction_method '{method}' cannot reduce dtype '{dtype}'")]
     Unsupported {
@@ -81,7 +82,7 @@ pub enum ReduceError {
 /// into `out` (exactly `prod(ceil(extent / scale)) × itemsize` bytes). Gives up with
 /// [`ReduceError::Cancelled`] at the next piece once `stop` is set.
 pub fn reduce_chunk(
-    file: &NpyFile,
+    file: &dyn Source,
     shape: &[u64],
     region: &Region,
     scale: &Scale,
@@ -106,7 +107,7 @@ struct Bounds {
 
 /// [`reduce_chunk`] within `bounds`.
 fn reduce_within(
-    file: &NpyFile,
+    file: &dyn Source,
     shape: &[u64],
     region: &Region,
     scale: &Scale,
@@ -114,7 +115,7 @@ fn reduce_within(
     stop: &AtomicBool,
     bounds: Bounds,
 ) -> Result<(), ReduceError> {
-    let dtype = file.header().dtype;
+    let dtype = *file.dtype();
     let job = Job::new(
         file,
         shape,
@@ -169,7 +170,7 @@ fn area_by_dtype(job: &Job<'_>, dtype: Dtype, out: &mut [u8]) -> Result<(), Redu
 
 /// One scaled chunk to compute.
 struct Job<'a> {
-    file: &'a NpyFile,
+    file: &'a dyn Source,
     /// The block's absolute start in the tensor.
     origin: &'a [u64],
     /// The block's extent per axis.
@@ -242,7 +243,7 @@ trait Fold {
 
 impl<'a> Job<'a> {
     fn new(
-        file: &'a NpyFile,
+        file: &'a dyn Source,
         shape: &[u64],
         region: &'a Region,
         scale: &'a Scale,
@@ -284,7 +285,7 @@ impl<'a> Job<'a> {
     }
 
     /// Reads the box `[start, stop)` (relative to the block) into `buf`, in C order.
-    fn read_box(&self, start: &[u64], stop: &[u64], buf: &mut Vec<u8>) -> Result<(), NpyError> {
+    fn read_box(&self, start: &[u64], stop: &[u64], buf: &mut Vec<u8>) -> Result<(), SourceError> {
         let abs_start: Vec<u64> = start.iter().zip(self.origin).map(|(s, o)| s + o).collect();
         let abs_stop: Vec<u64> = stop.iter().zip(self.origin).map(|(s, o)| s + o).collect();
         let elements: u64 = start.iter().zip(stop).map(|(a, b)| b - a).product();
@@ -1133,7 +1134,7 @@ fn odometer_in(index: &mut [u64], lo: &[u64], hi: &[u64]) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::source::npy::Limits;
+    use crate::source::npy::{Limits, NpyFile};
     use tessera_test_support::data::{pattern, write_npy};
 
     /// Every scaled chunk of a few tensors, computed with tiny pieces and little room for

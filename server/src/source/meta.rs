@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 use std::os::unix::fs::OpenOptionsExt;
 
 use crate::source::confine::Confine;
-use crate::source::npy::FileIdentity;
+use crate::source::version::FileVersion;
 
 /// Largest sidecar read, in bytes.
 pub const MAX_SIDECAR_BYTES: u64 = 1 << 20;
@@ -131,7 +131,7 @@ pub struct SourceMeta {
     pub error: Option<String>,
     /// The sidecar's identity when it was read (`None`: there was none), so a changed
     /// sidecar is read again.
-    pub sidecar: Option<FileIdentity>,
+    pub sidecar: Option<FileVersion>,
 }
 
 /// Micrometres per unit for the length units the reference server canonicalises.
@@ -213,7 +213,7 @@ pub fn sidecar_path(npy: &Path) -> PathBuf {
 fn read_sidecar(
     path: &Path,
     confine: Option<&Confine>,
-) -> Option<(FileIdentity, Result<Supplied, String>)> {
+) -> Option<(FileVersion, Result<Supplied, String>)> {
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -222,7 +222,7 @@ fn read_sidecar(
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return None,
         Err(err) => {
-            let identity = FileIdentity::of(&std::fs::metadata(path).ok()?);
+            let identity = FileVersion::of(&std::fs::metadata(path).ok()?);
             return Some((identity, Err(format!("cannot be read: {err}"))));
         }
     };
@@ -230,7 +230,7 @@ fn read_sidecar(
     if !meta.is_file() {
         return None;
     }
-    let identity = FileIdentity::of(&meta);
+    let identity = FileVersion::of(&meta);
     let parsed = confine
         .map_or(Ok(()), |c| c.check(&file))
         .and_then(|()| parse_sidecar(file));
@@ -254,9 +254,9 @@ fn parse_sidecar(file: std::fs::File) -> Result<Supplied, String> {
 }
 
 /// The identity of the sidecar of `npy` now (`None`: there is no regular file there).
-pub fn sidecar_identity(npy: &Path) -> Option<FileIdentity> {
+pub fn sidecar_identity(npy: &Path) -> Option<FileVersion> {
     let meta = std::fs::metadata(sidecar_path(npy)).ok()?;
-    meta.is_file().then(|| FileIdentity::of(&meta))
+    meta.is_file().then(|| FileVersion::of(&meta))
 }
 
 /// The metadata of the `rank`-axis tensor at `npy`: `configured` overlaid with its sidecar,

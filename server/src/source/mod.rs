@@ -1,6 +1,8 @@
 //! Sources: the files Tessera serves ([`npy`]), the registry of them ([`registry`]), its
 //! lifecycle ([`sources`]) and the state of full scans ([`scan`]); the watcher rescans them.
+pub mod abstraction;
 pub mod confine;
+pub mod formats;
 pub mod ids;
 pub mod meta;
 pub mod npy;
@@ -9,3 +11,8 @@ pub mod registry;
 pub mod runtime;
 pub mod scan;
 pub mod sources;
+pub mod version;
+
+pub use abstraction::{
+    ByteRange, HeldChunk, HeldChunks, HeldLocation, Scaling, Source, SourceError, SourceErrorKind,
+};

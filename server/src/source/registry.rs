@@ -3,7 +3,7 @@
 //! # Id rule
 //! A file given directly (`cells.npy`) is served as source id and array id
 //! `cells` (the file stem). A file found while scanning a directory gets the path
-//! relative to that directory, without the `.npy` suffix, with each `/` replaced
+//! relative to that directory, without its format's suffix (`.npy`), with each `/` replaced
 //! by `.` (`plates/a1/cells.npy` → `plates.a1.cells`). Characters outside
 //! `[A-Za-z0-9._-]` become `_`, so ids are slash-free and safe in SQL literals.
 //! Files are visited in sorted path order; when two files map to the same id the
@@ -29,11 +29,14 @@ use parking_lot::Mutex;
 
 use crate::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, Region, default_dim_labels};
+use crate::source::Source;
 use crate::source::confine::Confine;
+use crate::source::formats;
 use crate::source::ids::IdBook;
 use crate::source::meta::{self, SourceMeta, Supplied};
-use crate::source::npy::{FileIdentity, Limits, NpyError, NpyFile, Placement};
+use crate::source::npy::{Limits, Placement};
 use crate::source::origin::Origin;
+use crate::source::version::FileVersion;
 
 /// Source of registry generations: every registry whose set of sources may differ from
 /// its parent's gets a new one, so what is derived from the set (the catalog tree) is
@@ -44,15 +47,16 @@ fn next_generation() -> u64 {
     GENERATIONS.fetch_add(1, Ordering::Relaxed)
 }
 
-/// One served tensor: an opened `.npy` file with its chunk grid.
+/// One served tensor: an opened source with its chunk grids, labels and metadata.
 #[derive(Debug)]
 pub struct Tensor {
-    /// The array id clients address (equal to the source id for `.npy`).
+    /// The array id clients address (equal to the source id for a file; an upload's is
+    /// `<source>/@fields/<name>`).
     pub array_id: String,
     /// The source id (no `/`).
     pub source_id: String,
-    /// The opened file.
-    pub file: NpyFile,
+    /// Where its bytes come from (see [`Source`]).
+    pub source: Arc<dyn Source>,
     /// The chunk grid of reads that travel the socket (`--chunk-target`).
     pub grid: ChunkGrid,
     /// The coarser grid of reads a local client maps (`--mapped-chunk-target`; the same
@@ -74,18 +78,25 @@ impl Tensor {
     /// (GetFlightInfo) and in the `tensors` catalog table.
     /// Supplied metadata keys come after Tessera's own (which they may not replace), then
     /// the physical scale and why supplied metadata was refused, when either is known.
+    /// A tensor cut on one grid for both routes (its source's own cells: an upload's)
+    /// reports no `mapped_chunk_shape`.
     pub fn metadata_json(&self) -> String {
-        let header = self.file.header();
-        let mut out = serde_json::json!({
-            "format": "npy",
-            "path": self.file.path().display().to_string(),
-            "npy_version": format!("{}.{}", header.version.0, header.version.1),
-            "fortran_order": header.fortran_order,
-            "dtype": self.dtype_str(),
-            "shape": self.shape(),
-            "chunk_shape": self.grid.chunk_shape(),
-            "mapped_chunk_shape": self.mapped_grid.chunk_shape(),
-        });
+        let mut map = serde_json::Map::new();
+        map.insert("format".to_string(), self.source.format().into());
+        map.extend(self.source.format_metadata());
+        map.insert("dtype".to_string(), self.dtype_str().into());
+        map.insert("shape".to_string(), serde_json::json!(self.shape()));
+        map.insert(
+            "chunk_shape".to_string(),
+            serde_json::json!(self.grid.chunk_shape()),
+        );
+        if self.source.held_chunks().is_none() {
+            map.insert(
+                "mapped_chunk_shape".to_string(),
+                serde_json::json!(self.mapped_grid.chunk_shape()),
+            );
+        }
+        let mut out = serde_json::Value::Object(map);
         if let Some(map) = out.as_object_mut() {
             for (key, value) in &self.meta.metadata {
                 map.entry(key.clone()).or_insert_with(|| value.clone());
@@ -109,28 +120,29 @@ impl Tensor {
 
     /// The `source_url` clients see.
     pub fn source_url(&self) -> String {
-        self.origin.url(self.file.path())
+        self.origin.url(self.source.path())
     }
 
-    /// Whether the file and its metadata sidecar are as they were when opened (two `stat`s).
+    /// Whether the source and its metadata sidecar are as they were when opened (two
+    /// `stat`s for a file).
     pub fn is_current(&self) -> bool {
-        self.file.check_unchanged().is_ok()
-            && meta::sidecar_identity(self.file.path()) == self.meta.sidecar
+        self.source.check_unchanged().is_ok()
+            && meta::sidecar_identity(self.source.path()) == self.meta.sidecar
     }
 
     /// The numpy dtype string of the tensor, byte order included (`"<u2"`).
     pub fn dtype_str(&self) -> String {
-        self.file.header().dtype.numpy_str()
+        self.source.dtype().numpy_str()
     }
 
     /// Bytes per element.
     pub fn itemsize(&self) -> u64 {
-        self.file.header().dtype.itemsize as u64
+        self.source.dtype().itemsize as u64
     }
 
     /// The tensor's shape.
     pub fn shape(&self) -> &[u64] {
-        &self.file.header().shape
+        self.source.shape()
     }
 
     /// The grid `cell` is a cell of (the socket grid first), or `None` when it is a cell
@@ -191,7 +203,7 @@ pub struct Registry {
     generation: u64,
     /// Identity of each refused file when it was refused: a rebuild retries it
     /// only once this changes.
-    refused_identities: BTreeMap<String, FileIdentity>,
+    refused_identities: BTreeMap<String, FileVersion>,
     /// Every id given, by path, shared by the registries rebuilt from this one: an id stays
     /// with its file and is never given to another.
     ids: Arc<Mutex<IdBook>>,
@@ -389,7 +401,7 @@ impl Registry {
                 continue;
             }
             let same_path = |p: &Path| p == candidate.path;
-            let tensor = self.tensors.get(id).filter(|t| same_path(t.file.path()));
+            let tensor = self.tensors.get(id).filter(|t| same_path(t.source.path()));
             let refused = self.refused.get(id).filter(|r| same_path(&r.path));
             if unsettled(&candidate.path) {
                 next.carry(self, id, tensor, refused);
@@ -443,7 +455,7 @@ impl Registry {
             next.carry(self, id, self.tensors.get(id), self.refused.get(id));
         }
         for (id, tensor) in &self.tensors {
-            let path = tensor.file.path();
+            let path = tensor.source.path();
             if !next.tensors.contains_key(id) && !found.paths().any(|p| p == path) {
                 tracing::info!(source_id = %id, path = %path.display(), "source removed");
             }
@@ -457,7 +469,7 @@ impl Registry {
         let unseen: Vec<String> = previous
             .tensors
             .values()
-            .map(|t| (t.source_id.as_str(), t.file.path()))
+            .map(|t| (t.source_id.as_str(), t.source.path()))
             .chain(
                 previous
                     .refused
@@ -701,7 +713,7 @@ impl Registry {
     pub fn ids_by_path(&self) -> HashMap<PathBuf, String> {
         self.tensors
             .values()
-            .map(|t| (t.file.path().to_path_buf(), t.source_id.clone()))
+            .map(|t| (t.source.path().to_path_buf(), t.source_id.clone()))
             .chain(
                 self.refused
                     .values()
@@ -725,6 +737,14 @@ impl Registry {
         self.tensors.get(id)
     }
 
+    /// This registry serving `tensor` too, under its source id (tests of the request path
+    /// with a source of their own).
+    #[cfg(test)]
+    pub(crate) fn with_tensor(mut self, tensor: Arc<Tensor>) -> Registry {
+        self.tensors.insert(tensor.source_id.clone(), tensor);
+        self
+    }
+
     /// All served tensors in id order.
     pub fn tensors(&self) -> impl Iterator<Item = &Arc<Tensor>> {
         self.tensors.values()
@@ -741,7 +761,7 @@ impl Registry {
     }
 
     /// The identity a refused file had when it was refused, if it could be stat'ed.
-    pub fn refused_identity(&self, id: &str) -> Option<FileIdentity> {
+    pub fn refused_identity(&self, id: &str) -> Option<FileVersion> {
         self.refused_identities.get(id).copied()
     }
 
@@ -757,8 +777,8 @@ impl Registry {
 }
 
 /// Device, inode, size and mtime of the file at `path` now, or `None` if it cannot be stat'ed.
-pub fn identity_at(path: &Path) -> Option<FileIdentity> {
-    std::fs::metadata(path).ok().map(|m| FileIdentity::of(&m))
+pub fn identity_at(path: &Path) -> Option<FileVersion> {
+    std::fs::metadata(path).ok().map(|m| FileVersion::of(&m))
 }
 
 /// What a source is opened with besides its path.
@@ -793,7 +813,7 @@ pub struct Opened {
     settings: Settings,
     result: Result<Tensor, String>,
     /// The identity of a refused file, so it is retried only once it changes.
-    identity: Option<FileIdentity>,
+    identity: Option<FileVersion>,
 }
 
 impl Opened {
@@ -823,29 +843,25 @@ fn open_tensor(
         let c = c.clone();
         Arc::new(move |file: &std::fs::File| c.check(file)) as Placement
     });
-    let file = NpyFile::open_within(path, &options.limits, place).map_err(|e| refusal(path, &e))?;
-    let header = file.header();
+    let source = formats::open(path, &options.limits, place)?;
+    let shape = source.shape();
     let plan_grid = |target: u64| {
         ChunkGrid::plan(
-            &header.shape,
-            header.dtype.itemsize as u64,
-            header.fortran_order,
+            shape,
+            source.dtype().itemsize as u64,
+            source.fortran_order(),
             target,
         )
         .map_err(|e| format!("{}: {e}", path.display()))
     };
     let grid = plan_grid(options.target_chunk_bytes)?;
     let mapped_grid = plan_grid(options.mapped_chunk_bytes.max(options.target_chunk_bytes))?;
-    let identity = file.identity();
-    let version = ContentVersion {
-        dev: identity.dev,
-        ino: identity.ino,
-        size: identity.size,
-        mtime_ns: identity.mtime_ns,
-    };
-    let rank = header.shape.len();
+    let version = source.version();
+    let rank = shape.len();
     let dim_labels = match labels {
-        None => default_dim_labels(&header.shape),
+        None => source
+            .dim_labels()
+            .unwrap_or_else(|| default_dim_labels(shape)),
         Some(labels) if labels.len() == rank => labels.to_vec(),
         Some(labels) => {
             return Err(format!(
@@ -864,7 +880,7 @@ fn open_tensor(
     Ok(Tensor {
         array_id: id.to_string(),
         source_id: id.to_string(),
-        file,
+        source,
         grid,
         mapped_grid,
         dim_labels,
@@ -872,25 +888,6 @@ fn open_tensor(
         origin: settings.origin.clone(),
         meta,
     })
-}
-
-/// The reason `path` was refused, as logged and sent to clients.
-///
-/// Only a path that names a regular file itself may have its bytes quoted (the magic check
-/// shows the first 8 bytes it found, header errors a snippet of the header). A symbolic
-/// link is followed when it names a regular file, wherever that lives, so it may point at
-/// anything the server can read (`/etc/passwd`): its refusal says which check failed and
-/// that it is a link, and quotes nothing read from it. Non-regular files (FIFOs, devices,
-/// directories) are refused by `NpyFile::open` before anything is read.
-fn refusal(path: &Path, err: &NpyError) -> String {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_file() => err.to_string(),
-        Ok(meta) if meta.file_type().is_symlink() => format!(
-            "{} (a symbolic link: nothing read through it is quoted)",
-            err.without_content()
-        ),
-        _ => err.without_content(),
-    }
 }
 
 /// Adds the spec's file, or the files of its directory (recursively), to `out` in
@@ -929,8 +926,12 @@ fn collect(
             .iter()
             .map(|c| c.to_string_lossy().into_owned())
             .collect();
-        if let Some(last) = parts.last_mut()
-            && let Some(stripped) = last.strip_suffix(".npy")
+        // Without the extension of its format (`cells.npy` → `cells`).
+        if let Some(format) = formats::format_of(&file)
+            && let Some(last) = parts.last_mut()
+            && let Some(stripped) = last
+                .strip_suffix(format.extension)
+                .and_then(|rest| rest.strip_suffix('.'))
         {
             *last = stripped.to_string();
         }
@@ -961,8 +962,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, found: &mut Discovery) -> std::io::R
                     .push(format!("{}: directory skipped: {err}", path.display()));
                 found.not_seen(&path, &err);
             }
-        } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file())
-        {
+        } else if formats::is_served(&path) && (kind.is_file() || path.is_file()) {
             out.push(path);
         }
     }

@@ -173,9 +173,9 @@ impl Known {
     fn of(registry: &Registry) -> Known {
         let mut by_identity: HashMap<(u64, u64), String> = registry
             .tensors()
-            .map(|t| {
-                let id = t.file.identity();
-                ((id.dev, id.ino), t.source_id.clone())
+            .filter_map(|t| {
+                let id = t.version.file()?;
+                Some(((id.dev, id.ino), t.source_id.clone()))
             })
             .collect();
         for refused in registry.refused() {
@@ -259,7 +259,7 @@ impl AddPlan {
                     let registry = sources.read();
                     let path = registry
                         .get(id)
-                        .map(|t| t.file.path().to_path_buf())
+                        .map(|t| t.source.path().to_path_buf())
                         .unwrap_or_else(|| file.clone());
                     (path, registry.settings_of(id))
                 };
@@ -343,7 +343,7 @@ impl AddPlan {
     fn files(&self) -> Result<Vec<PathBuf>, String> {
         let meta = std::fs::metadata(&self.resolved).map_err(|e| format!("cannot be read: {e}"))?;
         if meta.is_file() {
-            if self.resolved.extension().is_some_and(|e| e == "npy") {
+            if crate::source::formats::is_served(&self.resolved) {
                 return Ok(vec![self.resolved.clone()]);
             }
             return Err("is not a .npy file".to_string());
@@ -370,7 +370,7 @@ impl AddPlan {
                     (
                         t.source_id.clone(),
                         t.origin.clone(),
-                        t.file.path().to_path_buf(),
+                        t.source.path().to_path_buf(),
                     )
                 })
                 .chain(
@@ -435,8 +435,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
         };
         if kind.is_dir() {
             walk(&path, out, max)?;
-        } else if path.extension().is_some_and(|e| e == "npy") && (kind.is_file() || path.is_file())
-        {
+        } else if crate::source::formats::is_served(&path) && (kind.is_file() || path.is_file()) {
             out.push(path);
             if out.len() > max {
                 return Err(format!(

@@ -77,7 +77,7 @@ impl Sources {
         self.registry
             .read()
             .tensors()
-            .map(|t| t.file.path().to_path_buf())
+            .map(|t| t.source.path().to_path_buf())
             .collect()
     }
 
@@ -185,8 +185,8 @@ impl Sources {
     }
 
     fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
-        let path = stale.file.path().to_path_buf();
-        if let Err(busy) = stale.file.check_no_writer() {
+        let path = stale.source.path().to_path_buf();
+        if let Err(busy) = stale.source.check_no_writer() {
             return Err(ServiceError::Unavailable(format!(
                 "source '{}' is being written; plan the read again when the write is done ({busy})",
                 stale.source_id

@@ -21,6 +21,7 @@ mod limits;
 mod manifest;
 mod open;
 mod record;
+mod source;
 mod zeros;
 
 use std::collections::HashMap;
@@ -42,8 +43,7 @@ pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits
 pub use manifest::{Manifest, ManifestError};
 pub use record::{State, UploadRecord};
 
-use crate::chunk_id::{ChunkId, ContentVersion};
-use crate::chunks::{EncodedChunk, LocateOutcome, Unlocatable};
+use crate::chunk_id::{ChunkId, ContentVersion, UploadVersion};
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
 use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};
@@ -115,12 +115,11 @@ impl Upload {
             ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
                 .map_err(|e| e.to_string())?;
         let bytes = record.shape.iter().product::<u64>() * dtype.itemsize as u64;
-        let version = ContentVersion {
-            dev: 0,
-            ino: record.uid,
+        let version = ContentVersion::Upload(UploadVersion {
+            uid: record.uid,
             size: bytes,
-            mtime_ns: record.created_ns,
-        };
+            created_ns: record.created_ns,
+        });
         Ok(Upload {
             dir: data_root.join(format!("{:016x}", record.uid)),
             slot: DataSlot::new(record.uid),
@@ -198,7 +197,7 @@ impl Upload {
     }
 
     fn tensor_bytes(&self) -> u64 {
-        self.version.size
+        self.version.size()
     }
 
     /// Its store, opened on demand (see [`open`]).
@@ -240,9 +239,6 @@ impl Upload {
             })
     }
 }
-
-/// An acknowledged chunk: the upload's store and the chunk's key in it.
-type StoredChunk = (Arc<ChunkData>, Vec<u8>);
 
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
 pub struct ChunkTarget {
@@ -805,35 +801,7 @@ impl Uploads {
                 ),
             ));
         };
-        if id.version() != upload.version {
-            return Err(UploadError::invalid(
-                call,
-                format!(
-                    "the ticket is of an earlier upload named '{}'; plan this one again",
-                    id.array_id()
-                ),
-            ));
-        }
-        if id.scale().is_some() {
-            return Err(UploadError::invalid(
-                call,
-                format!(
-                    "scaled chunks of the upload '{}' are not served",
-                    id.array_id()
-                ),
-            ));
-        }
-        let Some(cell) = upload.grid.cell_index(id.region()) else {
-            return Err(UploadError::invalid(
-                call,
-                format!(
-                    "the ticket's region {:?}..{:?} is not a chunk of '{}'",
-                    id.region().start,
-                    id.region().stop,
-                    id.array_id()
-                ),
-            ));
-        };
+        let cell = upload.cell_of(call, &id)?;
         Ok(ChunkTarget { upload, id, cell })
     }
 
@@ -880,89 +848,6 @@ impl Uploads {
         self.manifest.put_chunk(record.uid, target.cell, &key)?;
         upload.cells.lock().insert(target.cell, key);
         Ok(())
-    }
-
-    /// The READY upload and cell a read ticket names.
-    pub fn read_target(&self, chunk_id: &ChunkId) -> Result<ChunkTarget, UploadError> {
-        let target = self.target("read", chunk_id.clone())?;
-        let (state, detail) = {
-            let record = target.upload.record.lock();
-            (record.state, record.reason.clone())
-        };
-        if state != State::Ready {
-            return Err(UploadError::NotReadable {
-                array_id: chunk_id.array_id().to_string(),
-                state,
-                detail,
-            });
-        }
-        Ok(target)
-    }
-
-    /// The store and key holding a READY upload's chunk, `None` for a cell never sent
-    /// (it reads as zeros, which are never stored). Blocking.
-    fn stored(&self, target: &ChunkTarget) -> Result<Option<StoredChunk>, UploadError> {
-        let upload = &target.upload;
-        let Some(key) = upload.cells.lock().get(&target.cell).cloned() else {
-            return Ok(None);
-        };
-        Ok(Some((upload.data()?, key)))
-    }
-
-    fn missing(call: &'static str, target: &ChunkTarget) -> UploadError {
-        UploadError::invalid(
-            call,
-            format!(
-                "a chunk of '{}' is missing from its store",
-                target.id.array_id()
-            ),
-        )
-    }
-
-    /// The chunk's IPC message (do_get): the bytes sent, or zeros built in memory for a
-    /// cell never sent. Blocking.
-    pub fn read(&self, target: &ChunkTarget) -> Result<EncodedChunk, UploadError> {
-        let Some((data, key)) = self.stored(target)? else {
-            let region = target.id.region();
-            let bytes = target
-                .elements()
-                .saturating_mul(target.upload.dtype.itemsize as u64);
-            return zeros::zeros_message(
-                &target.id.encode(),
-                &target.upload.meta_of(region),
-                bytes,
-            )
-            .map_err(|e| {
-                UploadError::invalid(
-                    "read",
-                    format!("the zero chunk of '{}': {e}", target.id.array_id()),
-                )
-            });
-        };
-        let entry = data
-            .read(&key)
-            .map_err(|source| UploadError::Data {
-                array_id: target.id.array_id().to_string(),
-                source,
-            })?
-            .ok_or_else(|| Self::missing("read", target))?;
-        Ok(EncodedChunk {
-            header: entry.header,
-            body: entry.body,
-        })
-    }
-
-    /// Where the chunk lives (chunk_locate), or, for a cell never sent (its zeros are in no
-    /// file), that the client reads it with do_get. Blocking.
-    pub fn locate(&self, target: &ChunkTarget) -> Result<LocateOutcome, UploadError> {
-        let Some((data, key)) = self.stored(target)? else {
-            return Ok(LocateOutcome::UseDoGet(Unlocatable::NeverSent {
-                array_id: target.id.array_id().to_string(),
-            }));
-        };
-        data.locate(&key)
-            .map(LocateOutcome::Located)
-            .ok_or_else(|| Self::missing("chunk_locate", target))
     }
 
     /// One pass of the sweep: discards uploads whose lifetime ran out, removes discarded
@@ -1057,6 +942,44 @@ mod tests {
     }
 
     #[test]
+    fn a_region_reads_across_sent_and_unsent_cells() {
+        use crate::source::Source;
+        let tmp = tempfile::tempdir().unwrap();
+        let uploads = Uploads::open(
+            tmp.path(),
+            1 << 20,
+            Duration::from_secs(600),
+            UploadLimits::default(),
+        )
+        .unwrap();
+        let request = TensorDescriptor {
+            array_id: "cache://scratch/@fields/r".to_string(),
+            shape: vec![4, 6],
+            dtype: "<u2".to_string(),
+            chunk_shape: vec![2, 6],
+            ..Default::default()
+        };
+        uploads.add(&request, |_| false).unwrap();
+        let upload = uploads.get("scratch/@fields/r").unwrap();
+        let (ticket, batch) = chunk_of(&upload, 0);
+        uploads
+            .put(&uploads.put_target(&ticket).unwrap(), &[batch])
+            .unwrap();
+        uploads
+            .set_status("scratch/@fields/r", State::Ready, "")
+            .unwrap();
+        // Rows 1..3, columns 2..5: row 1 from the sent cell, row 2 from the unsent one.
+        let mut out = vec![0xffu8; 2 * 3 * 2];
+        upload.read_region(&[1, 2], &[3, 5], &mut out).unwrap();
+        let values: Vec<u16> = out
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(values, [8, 9, 10, 0, 0, 0]);
+        assert!(upload.read_region(&[0, 0], &[5, 6], &mut out).is_err());
+    }
+
+    #[test]
     fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
         let tmp = tempfile::tempdir().unwrap();
         let request = TensorDescriptor {
@@ -1102,7 +1025,7 @@ mod tests {
         let (ticket, _) = chunk_of(&upload, 1);
         let id = ChunkId::decode(&ticket).unwrap();
         assert!(matches!(
-            uploads.read_target(&id),
+            upload.readable_cell(&id),
             Err(UploadError::NotReadable { .. })
         ));
         uploads.set_status(array_id, State::Ready, "").unwrap();
@@ -1119,15 +1042,9 @@ mod tests {
         ));
         // The chunk sent reads back; the cell never sent reads as zeros.
         let (sent, _) = chunk_of(&upload, 0);
-        let entry = uploads
-            .read(
-                &uploads
-                    .read_target(&ChunkId::decode(&sent).unwrap())
-                    .unwrap(),
-            )
-            .unwrap();
+        let entry = upload.read_chunk(&ChunkId::decode(&sent).unwrap()).unwrap();
         assert!(entry.body.windows(4).any(|w| w == [0, 0, 1, 0]));
-        let zeros = uploads.read(&uploads.read_target(&id).unwrap()).unwrap();
+        let zeros = upload.read_chunk(&id).unwrap();
         assert!(zeros.body.windows(24).any(|w| w.iter().all(|&b| b == 0)));
         assert!(upload.data_dir().exists());
         uploads

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use tessera_server::chunk_id::{ChunkId, ChunkIdError, ContentVersion};
+use tessera_server::chunk_id::{ChunkId, ChunkIdError, FileVersion as ContentVersion};
 use tessera_server::grid::Region;
 use tessera_server::scaled::{Method, Scale};
 

@@ -51,8 +51,11 @@ async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving(gr
     );
     let other = forge("b", id.version(), start.clone(), stop.clone());
     let unknown = forge("nope", id.version(), start.clone(), stop.clone());
-    let mut older = id.version();
-    older.mtime_ns -= 1;
+    let ContentVersion::File(mut file) = id.version() else {
+        panic!("a chunk of a .npy file carries a file's content version");
+    };
+    file.mtime_ns -= 1;
+    let older = ContentVersion::File(file);
     let old = forge("a", older, start.clone(), stop.clone());
     // Scaled ids: an unscaled cell claimed at scale 2 (not a cell of the scaled read grid),
     // a factor over the axis length, and area of nothing stranger than u8 but off-grid.

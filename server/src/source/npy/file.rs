@@ -16,37 +16,10 @@ use super::limits::Limits;
 use super::region::{Runs, check_output, check_region, fortran_strides, gather, stored_runs};
 use super::stream::{allocate, read_header, read_stream};
 use super::writers::{self, Writers};
+use crate::source::version::FileVersion;
 
 /// Bytes read first when opening a file; numpy headers are 64 or 128 bytes.
 const FIRST_READ: usize = 4096;
-
-/// What identifies a file's content at open: changed identity means changed bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileIdentity {
-    /// Device number.
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time in nanoseconds since the Unix epoch.
-    pub mtime_ns: i64,
-}
-
-impl FileIdentity {
-    /// The identity a `stat` result describes.
-    pub fn of(meta: &Metadata) -> FileIdentity {
-        FileIdentity {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: meta
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(meta.mtime_nsec()),
-        }
-    }
-}
 
 /// Judges an opened descriptor before a byte of it is read (where the file really is);
 /// the refusal, without anything read from the file.
@@ -63,7 +36,7 @@ pub struct NpyFile {
     place: Option<Placement>,
     path: PathBuf,
     header: Header,
-    identity: FileIdentity,
+    identity: FileVersion,
     /// The preamble and header bytes as read at open, compared again before a decode.
     header_bytes: Vec<u8>,
 }
@@ -90,7 +63,7 @@ impl NpyFile {
         let meta = file
             .metadata()
             .map_err(|source| io_error(path, "stat", source))?;
-        let identity = FileIdentity::of(&meta);
+        let identity = FileVersion::of(&meta);
         if identity.size == 0 {
             return Err(NpyError::EmptyFile {
                 file: Some(path.to_path_buf()),
@@ -162,7 +135,7 @@ impl NpyFile {
     }
 
     /// Device, inode, size and mtime at open.
-    pub fn identity(&self) -> FileIdentity {
+    pub fn identity(&self) -> FileVersion {
         self.identity
     }
 
@@ -191,7 +164,7 @@ impl NpyFile {
             ));
         }
         // The path names the opened file (same device and inode), so its stat is the file's.
-        let now = FileIdentity::of(&at_path);
+        let now = FileVersion::of(&at_path);
         if now.size != self.identity.size {
             return Err(changed(format!(
                 "its size went from {} to {} bytes",

@@ -50,15 +50,17 @@ pub mod handles;
 mod header;
 mod limits;
 mod region;
+mod source;
 mod stream;
 mod view;
 mod writers;
 
 pub use dtype::{ByteOrder, Dtype, Kind};
 pub use error::NpyError;
-pub use file::{FileIdentity, NpyFile, Placement};
+pub use file::{NpyFile, Placement};
 pub use header::{Header, parse_header};
 pub use limits::Limits;
 pub use region::region_is_contiguous;
+pub use source::open_source;
 pub use stream::read_stream;
 pub use view::{NpyView, RegionRuns};

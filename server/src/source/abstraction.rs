@@ -1,0 +1,233 @@
+//! The source abstraction: what every kind of source answers, so that the registry, the
+//! plan and the request path never ask which kind they hold.
+//!
+//! A served tensor's bytes come from a [`Source`]: something that describes itself (shape,
+//! dtype, its own axis labels, format metadata, how reads at other resolutions are answered,
+//! its content version) and reads a region into a buffer it is given. `.npy` files
+//! ([`NpyFile`](super::npy::NpyFile), `source/npy/source.rs`) and uploads
+//! (`uploads/source.rs`) implement it today; Zarr, TIFF and upstream servers will.
+//!
+//! ```text
+//!  registry / uploads ──▶ Tensor { source: Arc<dyn Source>, grids, labels, meta }
+//!                                  │
+//!   plan (flight/plan.rs) ─────────┤ describe: shape, dtype, version, scaling, metadata
+//!   request path (read_path.rs) ───┤ held_chunks(): chunks the source keeps encoded?
+//!                                  │   yes (an upload) ─▶ served as they are
+//!                                  │   no             ─▶ the chunk service decodes:
+//!   chunks/ ───────────────────────┘ settle, read_region (or byte_range: in-kernel copy),
+//!                                    check_unchanged
+//! ```
+//!
+//! Reads go into the caller's buffer (`&mut [u8]`, the chunk service's pooled buffer):
+//! a format copies its bytes there once, and gathers there when its layout needs it. A
+//! chunked format (Zarr) reads each native chunk the region touches and writes its part
+//! of the region into the buffer; a format whose regions are byte ranges of a file says
+//! so with [`Source::byte_range`], and the chunk service copies those inside the kernel.
+//!
+//! Errors are [`SourceError`]: a kind the request path acts on (changed: plan again; busy:
+//! retry; refused: a bad request; failed) and the format's own typed error as its source.
+//! Nothing here knows the wire (no tonic); `error.rs` maps the kinds once.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use tessera_segments::Location;
+
+use crate::chunk_id::ChunkId;
+use crate::grid::Region;
+use crate::source::npy::Dtype;
+use crate::source::version::ContentVersion;
+
+/// Where a served tensor's bytes come from (see the module docs).
+///
+/// Implementations are opened once per content version and shared by every request
+/// (`Arc<dyn Source>`); every method may run on several threads at once.
+pub trait Source: Send + Sync + std::fmt::Debug {
+    /// The format's name, as `metadata_json`'s `format` key says it (`"npy"`, `"upload"`).
+    fn format(&self) -> &'static str;
+
+    /// Where the source's bytes live: its file (a chunked format: its folder; an upload: its
+    /// data directory).
+    fn path(&self) -> &Path;
+
+    /// The tensor's shape.
+    fn shape(&self) -> &[u64];
+
+    /// The element type, byte order included.
+    fn dtype(&self) -> &Dtype;
+
+    /// Whether the bytes are stored in Fortran order (first axis fastest): the grids are cut
+    /// contiguity first, so along the axes that are contiguous on disk.
+    fn fortran_order(&self) -> bool {
+        false
+    }
+
+    /// What the source's bytes are now (part of every chunk id).
+    fn version(&self) -> ContentVersion;
+
+    /// The source's own axis labels, when the format records them (an upload's, a Zarr
+    /// image's); `None`: the configured or default labels apply.
+    fn dim_labels(&self) -> Option<Vec<String>> {
+        None
+    }
+
+    /// The format's own keys of `metadata_json`, after `format` (a `.npy` file's path,
+    /// version and order).
+    fn format_metadata(&self) -> Map<String, Value> {
+        Map::new()
+    }
+
+    /// How reads at other resolutions than the source's are answered.
+    fn scaling(&self) -> Scaling {
+        Scaling::Computed
+    }
+
+    /// Whether the bytes are on this machine now (`is_resident`). One `stat` at most.
+    fn is_resident(&self) -> bool {
+        true
+    }
+
+    /// Reads the region `start..stop` (exclusive stop, per axis) into `out` in C order;
+    /// `out` is exactly the region's bytes. Checks afterwards that the source is still the
+    /// version it was opened at, so bytes of a changed source are never returned.
+    fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError>;
+
+    /// The region's bytes as one byte range of a file, when they are one (a contiguous run
+    /// of a C-order payload): the chunk service then copies them inside the kernel.
+    /// `Ok(None)`: read the region instead.
+    fn byte_range(&self, _region: &Region) -> Result<Option<ByteRange>, SourceError> {
+        Ok(None)
+    }
+
+    /// Waits until the source is one complete version, the one opened (no writer, nothing
+    /// touched within `window`), or refuses: [`SourceErrorKind::Changed`] or
+    /// [`SourceErrorKind::Busy`]. Called before a chunk is decoded.
+    fn settle(&self, _window: Duration) -> Result<(), SourceError> {
+        Ok(())
+    }
+
+    /// Refuses with [`SourceErrorKind::Changed`] when the source is no longer the version
+    /// it was opened at.
+    fn check_unchanged(&self) -> Result<(), SourceError> {
+        Ok(())
+    }
+
+    /// Refuses with [`SourceErrorKind::Busy`] while another process writes the source.
+    fn check_no_writer(&self) -> Result<(), SourceError> {
+        Ok(())
+    }
+
+    /// The chunks the source keeps encoded already (an upload's, as its client wrote them),
+    /// served as they are; `None`: its chunks are decoded by the chunk service.
+    fn held_chunks(&self) -> Option<&dyn HeldChunks> {
+        None
+    }
+
+    /// The `upload_status` of a tensor clients write (`None`: not written by clients).
+    fn upload_status(&self) -> Option<tessera_proto::pb::UploadStatus> {
+        None
+    }
+
+    /// The lifetime granted to a tensor clients write.
+    fn ttl_seconds(&self) -> Option<u32> {
+        None
+    }
+}
+
+/// How reads at other resolutions than the source's are answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scaling {
+    /// Reduced from full resolution on demand (`scaled/`); plans advertise the pyramid
+    /// policy's levels.
+    Computed,
+    /// Refused; only full resolution is served. `what` names the kind of tensor in the
+    /// refusal (`"uploaded tensors"`).
+    FullOnly {
+        /// The kind of tensor, plural.
+        what: &'static str,
+    },
+}
+
+/// A region's bytes as one byte range of an open file.
+#[derive(Debug)]
+pub struct ByteRange {
+    /// The open file (never mapped: a file shrunk under a mapping kills the process).
+    pub file: Arc<File>,
+    /// Where the bytes start.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: u64,
+}
+
+/// Chunks a source keeps encoded (an upload's own store), each an Arrow IPC message.
+/// Blocking: called on the blocking pool.
+pub trait HeldChunks: Send + Sync {
+    /// The IPC message of the chunk `id` names, after checking `id` names one of these
+    /// chunks, readable now.
+    fn read(&self, id: &ChunkId) -> Result<HeldChunk, SourceError>;
+
+    /// Where the chunk `id` names lives in a segment file, or that it lives in none.
+    fn locate(&self, id: &ChunkId) -> Result<HeldLocation, SourceError>;
+}
+
+/// Where a held chunk lives, for `chunk_locate`.
+#[derive(Clone, Debug)]
+pub enum HeldLocation {
+    /// In this byte range of a segment file.
+    Located(Location),
+    /// In no file: the cell was never sent and reads as zeros (the client uses `do_get`).
+    NeverSent,
+}
+
+/// One held chunk's IPC message.
+#[derive(Clone, Debug)]
+pub struct HeldChunk {
+    /// The message header (flatbuffer).
+    pub header: Bytes,
+    /// The message body.
+    pub body: Bytes,
+}
+
+/// What a request does about a failed source read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceErrorKind {
+    /// The source changed since it was planned: plan the read again.
+    Changed,
+    /// The source is being written: retry once the write is done.
+    Busy,
+    /// The request asks for something the source does not serve (a bad ticket, an upload
+    /// not readable yet).
+    Refused,
+    /// Anything else (I/O, a corrupt source).
+    Failed,
+}
+
+/// Why a source could not be read: what to do about it, and the format's own error.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct SourceError {
+    kind: SourceErrorKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl SourceError {
+    /// A failure of `kind`, caused by the format's `source` error.
+    pub fn new(
+        kind: SourceErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> SourceError {
+        SourceError {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// What a request does about it.
+    pub fn kind(&self) -> SourceErrorKind {
+        self.kind
+    }
+}
