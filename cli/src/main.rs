@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
 use tessera_cli::{errors, put, warm};
-use tessera_server::config::{LogFormat, ServeArgs, ServeConfig};
+use tessera_server::config::{LogFormat, ServeArgs, ServeConfig, Settings};
 use tessera_server::daemon::Daemon;
 use tracing_subscriber::EnvFilter;
 
@@ -301,18 +301,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .try_get_matches_from(["serve"])?;
             let mut args = ServeArgs::from_arg_matches(&matches)?;
             args.config = Some(file.clone());
-            let mut config = ServeConfig::resolve(args)
+            let mut settings = Settings::resolve(args)
                 .with_context(|| format!("{} is not a valid configuration", file.display()))?;
             if let Some(format) = cli.log_format {
-                config.log_format = format;
+                settings.operations.log_format = format;
             }
-            for path in config.paths.iter().filter(|p| !p.exists()) {
+            for path in settings.served_paths.iter().filter(|p| !p.exists()) {
                 eprintln!("warning: source {} does not exist (yet)", path.display());
             }
             print!(
                 "# effective configuration of {}\n{}",
                 file.display(),
-                tessera_server::config::effective::render(&config)
+                tessera_server::config::effective::render(&settings)
             );
         }
     }

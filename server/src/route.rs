@@ -42,7 +42,9 @@ pub enum Route {
 
 /// How plans for loopback peers (with a mappable cache) pick their grid
 /// (`loopback_plans`, `--loopback-plans`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LoopbackPlans {
     /// The coarse grid, until a loopback client is seen reading it over DoGet only.

@@ -49,7 +49,7 @@ pub const RESERVED_KEYS: [&str; 11] = [
 ];
 
 /// One unit for every axis, or one per axis.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, serde::Serialize)]
 #[serde(untagged)]
 pub enum Units {
     /// The same unit on every axis.
