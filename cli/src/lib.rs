@@ -1,7 +1,7 @@
 //! The commands of the `tessera` binary that talk to a running server, written on
 //! [`tessera_client::Client`]: `get`, `ls` and `stats` ([`remote`]), `warm` ([`warm`]) and
 //! `put` ([`put`]).
-//! `tessera serve` runs [`tessera_server::daemon::Daemon`]; `main.rs` only parses flags.
+//! `tessera serve` runs [`tessera_server::Daemon`]; `main.rs` only parses flags.
 
 pub mod errors;
 mod progress;

@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
 use tessera_cli::{errors, put, warm};
+use tessera_server::Daemon;
 use tessera_server::config::{LogFormat, ServeArgs, ServeConfig, Settings};
-use tessera_server::daemon::Daemon;
 use tracing_subscriber::EnvFilter;
 
 /// Tessera serves N-dimensional arrays (.npy) over Arrow Flight, speaking the biopb

@@ -9,7 +9,7 @@ use futures::StreamExt as _;
 use tessera_client::{Client, upload_arrow_type};
 use tessera_proto::pb::TensorDescriptor;
 use tessera_proto::units::human_bytes;
-use tessera_server::source::npy::{ByteOrder, Limits, NpyFile};
+use tessera_server::npy::{ByteOrder, Limits, NpyFile};
 
 use crate::progress::Progress;
 use crate::remote::{Credentials, options};

@@ -18,11 +18,11 @@
 
 use std::sync::Arc;
 
-use crate::chunk_id::ChunkId;
 use crate::chunks::{ChunkService, EncodedChunk, LocateOutcome, Unlocatable};
 use crate::error::{ServiceError, ServiceResult};
+use crate::grid::chunk_id::ChunkId;
+use crate::grid::route::{Route, RoutePlanner};
 use crate::metrics::Metrics;
-use crate::route::{Route, RoutePlanner};
 use crate::source::registry::Tensor;
 use crate::source::sources::Sources;
 use crate::source::{HeldLocation, SourceError, SourceErrorKind};
@@ -73,7 +73,7 @@ impl<'a> ReadPath<'a> {
 
     fn tensor_for(&self, array_id: &str, asker: Asker) -> ServiceResult<Arc<Tensor>> {
         if !is_upload_id(array_id) {
-            return self.sources.resolve(array_id);
+            return Ok(self.sources.resolve(array_id)?);
         }
         let unknown = || ServiceError::UnknownSource(array_id.to_string());
         let uploads = self.uploads.ok_or_else(unknown)?;
@@ -88,7 +88,7 @@ impl<'a> ReadPath<'a> {
         }
     }
 
-    /// The grid a plan for a peer on loopback (or not) is cut on (see [`crate::route`]).
+    /// The grid a plan for a peer on loopback (or not) is cut on (see [`crate::grid::route`]).
     pub fn plan_route(&self, loopback: bool) -> Route {
         self.routes.route(loopback, self.chunks.mappable())
     }
@@ -230,7 +230,7 @@ fn check_decoded_chunk(tensor: &Tensor, id: &ChunkId) -> ServiceResult<()> {
                     tensor.shape()
                 )));
             }
-            if scale.check_dtype(tensor.source.dtype()).is_err() {
+            if tensor.source.dtype().check_scale(scale).is_err() {
                 return Err(ServiceError::InvalidArgument(format!(
                     "chunk ticket of '{}' asks for 'area' of a bool tensor, which is refused",
                     id.array_id()
@@ -261,11 +261,11 @@ mod tests {
 
     use super::*;
     use crate::chunks::MemoryStore;
+    use crate::content_version::{ContentVersion, FileVersion};
     use crate::grid::ChunkGrid;
     use crate::source::npy::Dtype;
     use crate::source::origin::Origin;
     use crate::source::registry::{OpenOptions, Registry};
-    use crate::source::version::{ContentVersion, FileVersion};
     use crate::source::{Source, SourceError};
 
     /// A second kind of source, known only to this test: a C-order `u1` array in memory.
@@ -353,7 +353,7 @@ mod tests {
             array_id: "mem".to_string(),
             ..Default::default()
         };
-        let planned = crate::flight::plan::plan(
+        let planned = crate::wire::flight::plan::plan(
             &tensor,
             &request,
             &[],

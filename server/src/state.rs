@@ -14,17 +14,17 @@ use crate::catalog::tree::{Level, TreeIndex};
 use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunks::ChunkService;
 use crate::error::{ServiceError, ServiceResult};
+use crate::grid::route::{LoopbackPlans, RoutePlanner};
+use crate::grid::scaled::pyramid::PyramidPolicy;
 use crate::metrics::Metrics;
-use crate::pins::{PinLimits, Pins};
 use crate::read_path::ReadPath;
 use crate::rois::Annotations;
-use crate::route::{LoopbackPlans, RoutePlanner};
-use crate::scaled::pyramid::PyramidPolicy;
 use crate::source::registry::{OpenOptions, Registry, Tensor};
 use crate::source::runtime::RuntimeRoots;
 use crate::source::scan::ScanStatus;
 use crate::source::sources::Sources;
 use crate::state_dir::StateDir;
+use crate::unread::{UnreadLimits, UnreadReplies};
 use crate::uploads::{Upload, Uploads};
 use tessera_proto::pb::{TensorDescriptor, UploadStatus};
 
@@ -35,7 +35,7 @@ pub struct ServiceState {
     started: Instant,
     scan: ScanStatus,
     catalog: Catalog,
-    pins: Arc<Pins>,
+    unread: Arc<UnreadReplies>,
     routes: RoutePlanner,
     metrics: Metrics,
     pyramid: PyramidPolicy,
@@ -61,7 +61,7 @@ impl ServiceState {
             started: Instant::now(),
             scan: ScanStatus::default(),
             catalog: Catalog::new(CatalogLimits::default()),
-            pins: Pins::new(PinLimits::default()),
+            unread: UnreadReplies::new(UnreadLimits::default()),
             routes: RoutePlanner::default(),
             metrics: Metrics::default(),
             pyramid: PyramidPolicy::default(),
@@ -246,9 +246,9 @@ impl ServiceState {
         batch.project(&columns).map_err(failed)
     }
 
-    /// Sets the caps on bytes held by unread chunk replies (defaults: [`PinLimits::default`]).
-    pub fn with_pin_limits(mut self, limits: PinLimits) -> Self {
-        self.pins = Pins::new(limits);
+    /// Sets the caps on bytes held by unread chunk replies (defaults: [`UnreadLimits::default`]).
+    pub fn with_unread_limits(mut self, limits: UnreadLimits) -> Self {
+        self.unread = UnreadReplies::new(limits);
         self
     }
 
@@ -265,8 +265,8 @@ impl ServiceState {
     }
 
     /// The ledger of bytes held by unread chunk replies.
-    pub fn pins(&self) -> &Arc<Pins> {
-        &self.pins
+    pub fn unread(&self) -> &Arc<UnreadReplies> {
+        &self.unread
     }
 
     /// Whether the sources are being rescanned and when the last scan finished.
@@ -340,7 +340,7 @@ impl ServiceState {
     /// Resolves an array id (`source` or `source/field`) to its tensor, reopening the source
     /// first if its file changed on disk since it was opened.
     pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
-        self.sources.resolve(array_id)
+        Ok(self.sources.resolve(array_id)?)
     }
 
     /// Paths of served sources (for logs and tests).

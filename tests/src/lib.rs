@@ -19,9 +19,9 @@ use futures::TryStreamExt;
 use prost::Message;
 use prost_types::FieldMask;
 use tessera_proto::pb::{FlightRequest, SliceHint, TensorReadOption, flight_request};
+use tessera_server::Daemon;
+use tessera_server::LoopbackPlans;
 use tessera_server::config::ServeConfig;
-use tessera_server::daemon::Daemon;
-use tessera_server::route::LoopbackPlans;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

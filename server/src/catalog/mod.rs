@@ -24,7 +24,6 @@ mod rois;
 mod session;
 pub mod tables;
 pub mod tree;
-pub mod wire;
 mod worker;
 
 use std::sync::Arc;
@@ -36,7 +35,7 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use tokio::sync::Semaphore;
 
-pub use tables::{SOURCES, Snapshot, TABLES, TENSORS, table_schema};
+pub use tables::{Snapshot, table_schema};
 
 /// Bounds on one catalog query.
 #[derive(Clone, Debug)]

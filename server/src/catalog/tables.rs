@@ -21,11 +21,9 @@ use arrow_buffer::OffsetBuffer;
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
 use crate::rois::Annotations;
-use crate::rois::store::StoredRoi;
+use crate::rois::db::StoredRoi;
 use crate::source::registry::{Refused, Registry, Tensor};
 use crate::uploads::SCRATCH_SOURCE_ID;
-
-pub use crate::source::origin::file_url;
 
 /// Name of the table of sources.
 pub const SOURCES: &str = "sources";
@@ -494,7 +492,7 @@ fn content_version(tensor: &Tensor) -> String {
 }
 
 /// A content version as the lowercase hex of `tensors.content_version`.
-pub fn version_hex(v: crate::chunk_id::ContentVersion) -> String {
+pub fn version_hex(v: crate::grid::chunk_id::ContentVersion) -> String {
     use std::fmt::Write;
     v.descriptor_bytes()
         .iter()

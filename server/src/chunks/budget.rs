@@ -1,5 +1,5 @@
 //! The memory budget of scaled decodes: every scaled chunk computed at once reserves what
-//! its computation may hold ([`crate::scaled::reduce::decode_bytes`]) before it starts,
+//! its computation may hold ([`crate::chunks::reduce::decode_bytes`]) before it starts,
 //! and gives it back when the computation ends (not when its caller leaves), so the
 //! decodes running together never hold more than the budget.
 

@@ -24,10 +24,10 @@ use std::sync::atomic::AtomicBool;
 use bytes::Bytes;
 use tessera_segments::{EntryMeta, FileRange, StoreError};
 
+use super::reduce::{self, ReduceError};
 use super::store::FileAppend;
 use super::{ChunkError, ChunkService, Materialized, memory};
-use crate::chunk_id::ChunkId;
-use crate::scaled::reduce::{self, ReduceError};
+use crate::grid::chunk_id::ChunkId;
 use crate::source::registry::Tensor;
 use crate::source::{ByteRange, SourceError};
 

@@ -8,7 +8,7 @@ use tessera_segments::StoreError;
 use tessera_segments::ipc::EncodeError;
 use tokio::task::JoinError;
 
-use crate::scaled::reduce::ReduceError;
+use super::reduce::ReduceError;
 use crate::source::{SourceError, SourceErrorKind};
 
 /// Everything the chunk service can fail with.

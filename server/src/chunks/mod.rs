@@ -44,13 +44,14 @@
 mod budget;
 mod buffers;
 mod decode;
+mod decodes;
 mod error;
 mod locate;
 mod memory;
 mod readahead;
 mod recut;
+pub mod reduce;
 mod regrid;
-mod single_flight;
 mod store;
 mod writes;
 
@@ -63,20 +64,19 @@ use bytes::Bytes;
 use tessera_proto::json::CacheStats;
 use tokio::sync::Semaphore;
 
-use crate::chunk_id::ChunkId;
 use crate::grid::Region;
+use crate::grid::chunk_id::ChunkId;
 use crate::metrics::Metrics;
-use crate::scaled::reduce;
 use crate::source::registry::Tensor;
 pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
 use budget::{BudgetError, DecodeBudget, Reserved};
 use buffers::BufferPool;
+use decodes::Decodes;
 pub use error::ChunkError;
 pub use locate::{LocateOutcome, Unlocatable};
 use memory::MemoryCache;
 pub use memory::MemoryStore;
-use single_flight::SingleFlight;
-pub use store::{ChunkStore, FileAppend, SegmentFiles};
+pub use store::{ChunkStore, SegmentFiles};
 use writes::Writes;
 
 /// One chunk as Arrow Flight sends it: the IPC message header (flatbuffer) and body.
@@ -124,7 +124,7 @@ pub struct ChunkService {
     store: Arc<dyn ChunkStore>,
     /// Chunks the store could not take while its appends fail, served over `do_get`.
     fallback: MemoryCache,
-    flight: SingleFlight<Result<Materialized, ChunkError>>,
+    decoding: Decodes<Result<Materialized, ChunkError>>,
     buffers: BufferPool,
     decode_permits: Semaphore,
     read_ahead_bytes: u64,
@@ -152,7 +152,7 @@ impl ChunkService {
         Self {
             store,
             fallback: MemoryCache::new(fallback_bytes),
-            flight: SingleFlight::default(),
+            decoding: Decodes::default(),
             buffers: BufferPool::new(max_decodes),
             decode_permits: Semaphore::new(max_decodes.max(1)),
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
@@ -341,7 +341,7 @@ impl ChunkService {
     /// Whether the chunk under `key` is cached, being decoded, or queued for a decode.
     fn is_present(&self, key: &[u8]) -> bool {
         self.store.contains(key)
-            || self.flight.is_running(key)
+            || self.decoding.is_running(key)
             || self.queued_ahead.lock().contains(key)
     }
 
@@ -379,7 +379,7 @@ impl ChunkService {
         key: &[u8],
     ) -> Result<Materialized, ChunkError> {
         let (result, waited) = self
-            .flight
+            .decoding
             .run(key, || {
                 let service = self.clone();
                 let tensor = tensor.clone();

@@ -22,7 +22,7 @@ use tessera_segments::ipc::DATA_BODY_OFFSET;
 
 use super::decode::{ColdChunk, Keep};
 use super::{ChunkError, ChunkService, Materialized};
-use crate::chunk_id::ChunkId;
+use crate::grid::chunk_id::ChunkId;
 use crate::grid::{ChunkGrid, Region, element_range};
 use crate::source::registry::Tensor;
 

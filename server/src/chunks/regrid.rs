@@ -19,8 +19,8 @@
 use std::sync::Arc;
 
 use super::ChunkService;
-use crate::chunk_id::ChunkId;
 use crate::grid::ChunkGrid;
+use crate::grid::chunk_id::ChunkId;
 use crate::source::registry::Tensor;
 
 impl ChunkService {

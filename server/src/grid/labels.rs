@@ -20,6 +20,7 @@ pub enum AxisRole {
 
 impl AxisRole {
     /// The canonical one-letter label of this role (`t`, `c`, `z`, `y`, `x`, `s`).
+    #[cfg(test)]
     pub fn label(self) -> &'static str {
         match self {
             AxisRole::Time => "t",

@@ -48,10 +48,19 @@
 //! floored to a multiple of the chunk extent, stop ceiled and clamped to the
 //! shape. [`ChunkGrid::cells`] lists the grid cells of that realized region.
 //! [`ChunkGrid::is_cell`] checks that a decoded chunk id names exactly one cell.
+//!
+//! # Beside the grid
+//!
+//! [`chunk_id`] names one cell's bytes forever; [`route`] picks which of a tensor's two grids
+//! a plan is cut on; [`scaled`] validates downsampled reads and plans the pyramid (their
+//! cells are reduced in `chunks::reduce`).
 
 mod cells;
+pub mod chunk_id;
 mod labels;
 mod region;
+pub mod route;
+pub mod scaled;
 
 pub use cells::Cells;
 pub use labels::{AxisRole, default_dim_labels, normalize_label};

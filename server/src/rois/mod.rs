@@ -14,10 +14,10 @@
 //! * [`store`] is the redb database (one transaction per call, fsync before the ack);
 //! * [`seal`] makes and checks the grants of ROI tickets.
 
+pub mod db;
 pub mod geometry;
 pub mod rows;
 pub mod seal;
-pub mod store;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -25,10 +25,10 @@ use std::path::Path;
 use tessera_proto::image_pb::{RoiAnnotation, RoiConflict, RoiPutResult};
 use tessera_proto::pb::RoiGrant;
 
+use db::{Batch, Listing, NewRoi, PruneOutcome, RoiDb, RoiDbError, StoredRoi};
 use geometry::Shape;
 use rows::IncomingRoi;
 use seal::{GrantError, KeyError, Sealer};
-use store::{Batch, Listing, NewRoi, PruneOutcome, Store, StoreError, StoredRoi};
 
 /// Set names starting with this are the server's (imported from a source file): clients
 /// may read them by name but never write them. Tessera imports none yet.
@@ -57,7 +57,7 @@ impl Default for RoiLimits {
             max_rois_per_tensor: 10_000,
             max_row_bytes: 64 << 10,
             max_name_chars: 128,
-            cache_bytes: store::DEFAULT_CACHE_BYTES,
+            cache_bytes: db::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -161,7 +161,7 @@ pub enum RoiError {
     Grant(#[from] GrantError),
     /// The store failed or refused (the cap).
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Db(#[from] RoiDbError),
     /// The seal key could not be loaded.
     #[error(transparent)]
     Key(#[from] KeyError),
@@ -170,7 +170,7 @@ pub enum RoiError {
 /// The annotations of one server: the store and the sealer, in `STATE_DIR/annotations`.
 #[derive(Debug)]
 pub struct Annotations {
-    store: Store,
+    store: RoiDb,
     sealer: Sealer,
     limits: RoiLimits,
 }
@@ -194,7 +194,7 @@ impl Annotations {
     /// Opens the store and the seal key in `dir` (the state directory's `annotations`).
     pub fn open(dir: &Path, limits: RoiLimits) -> Result<Annotations, RoiError> {
         Ok(Annotations {
-            store: Store::open(&dir.join("rois.redb"), limits.cache_bytes)?,
+            store: RoiDb::open(&dir.join("rois.redb"), limits.cache_bytes)?,
             sealer: Sealer::open(&dir.join("seal.key"))?,
             limits,
         })
@@ -413,7 +413,7 @@ impl Annotations {
     }
 
     /// The stored annotations after key `(array_id, roi_id)` `after`, as
-    /// `(array_id, roi_id, record)` in key order: [`Store::page`].
+    /// `(array_id, roi_id, record)` in key order: [`RoiDb::page`].
     pub fn page(
         &self,
         after: Option<&(String, String)>,

@@ -14,7 +14,7 @@ use arrow_array::{
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 
-use super::store::{SetCount, StoredRoi};
+use super::db::{SetCount, StoredRoi};
 
 /// The columns of the row schema, in order.
 pub const COLUMNS: [&str; 11] = [

@@ -37,10 +37,10 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 use tessera_segments::Location;
 
-use crate::chunk_id::ChunkId;
+use crate::content_version::ContentVersion;
 use crate::grid::Region;
+use crate::grid::chunk_id::ChunkId;
 use crate::source::npy::Dtype;
-use crate::source::version::ContentVersion;
 
 /// Where a served tensor's bytes come from (see the module docs).
 ///

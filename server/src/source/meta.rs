@@ -27,8 +27,8 @@ use serde_json::{Map, Value};
 
 use std::os::unix::fs::OpenOptionsExt;
 
+use crate::content_version::FileVersion;
 use crate::source::confine::Confine;
-use crate::source::version::FileVersion;
 
 /// Largest sidecar read, in bytes.
 pub const MAX_SIDECAR_BYTES: u64 = 1 << 20;

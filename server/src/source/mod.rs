@@ -11,7 +11,6 @@ pub mod registry;
 pub mod runtime;
 pub mod scan;
 pub mod sources;
-pub mod version;
 
 pub use abstraction::{
     ByteRange, HeldChunk, HeldChunks, HeldLocation, Scaling, Source, SourceError, SourceErrorKind,

@@ -27,7 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::chunk_id::ContentVersion;
+use crate::content_version::FileVersion;
+use crate::grid::chunk_id::ContentVersion;
 use crate::grid::{ChunkGrid, Region, default_dim_labels};
 use crate::source::Source;
 use crate::source::confine::Confine;
@@ -36,7 +37,6 @@ use crate::source::ids::IdBook;
 use crate::source::meta::{self, SourceMeta, Supplied};
 use crate::source::npy::{Limits, Placement};
 use crate::source::origin::Origin;
-use crate::source::version::FileVersion;
 
 /// Source of registry generations: every registry whose set of sources may differ from
 /// its parent's gets a new one, so what is derived from the set (the catalog tree) is

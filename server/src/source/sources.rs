@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::chunk_id::MAX_ARRAY_ID_BYTES;
-use crate::error::{ServiceError, ServiceResult};
+use crate::grid::chunk_id::MAX_ARRAY_ID_BYTES;
 use crate::source::registry::{OpenOptions, Opened, Refused, Registry, Tensor, identity_at};
 
 /// The served sources.
@@ -102,7 +101,7 @@ impl Sources {
 
     /// Resolves an array id (`source` or `source/field`) to its tensor, reopening
     /// the source first if its file changed on disk since it was opened.
-    pub fn resolve(&self, array_id: &str) -> ServiceResult<Arc<Tensor>> {
+    pub fn resolve(&self, array_id: &str) -> Result<Arc<Tensor>, LookupError> {
         check_array_id_len(array_id)?;
         let (source_id, field) = match array_id.split_once('/') {
             Some((s, f)) => (s, Some(f)),
@@ -114,7 +113,7 @@ impl Sources {
                 Some(t) => t.clone(),
                 None => {
                     let Some(refused) = registry.refused_source(source_id) else {
-                        return Err(ServiceError::UnknownSource(array_id.to_string()));
+                        return Err(LookupError::UnknownSource(array_id.to_string()));
                     };
                     let refused = refused.clone();
                     let held = registry.refused_identity(source_id);
@@ -126,7 +125,7 @@ impl Sources {
             }
         };
         if let Some(field) = field.filter(|f| !f.is_empty()) {
-            return Err(ServiceError::UnknownField {
+            return Err(LookupError::UnknownField {
                 array_id: array_id.to_string(),
                 source_id: source_id.to_string(),
                 field: field.to_string(),
@@ -141,7 +140,7 @@ impl Sources {
     /// A refused source: opened again when its file changed since it was refused (fixed or
     /// restored), else refused with its reason. A source refused when it was first opened
     /// is bad input (`InvalidArgument`); one that broke after being served is `Unavailable`.
-    fn retry_refused(&self, refused: Refused, changed: bool) -> ServiceResult<Arc<Tensor>> {
+    fn retry_refused(&self, refused: Refused, changed: bool) -> Result<Arc<Tensor>, LookupError> {
         let id = refused.source_id.clone();
         let refused = if changed {
             let registry = self.reopen_unlocked(&id, &refused.path)?;
@@ -156,15 +155,12 @@ impl Sources {
             refused
         };
         Err(if refused.after_change {
-            ServiceError::Unavailable(format!(
+            LookupError::Unavailable(format!(
                 "source '{id}' changed on disk and can no longer be read: {}",
                 refused.reason
             ))
         } else {
-            ServiceError::InvalidArgument(format!(
-                "source '{id}' is not served: {}",
-                refused.reason
-            ))
+            LookupError::Refused(format!("source '{id}' is not served: {}", refused.reason))
         })
     }
 
@@ -174,20 +170,20 @@ impl Sources {
         &self,
         id: &str,
         path: &std::path::Path,
-    ) -> ServiceResult<RwLockWriteGuard<'_, Registry>> {
+    ) -> Result<RwLockWriteGuard<'_, Registry>, LookupError> {
         let settings = self.registry.read().settings_of(id);
         let opened = Opened::open(id, path, settings, &self.open_options);
         let mut registry = self.registry.write();
         if !registry.install_reopened(opened) {
-            return Err(ServiceError::UnknownSource(id.to_string()));
+            return Err(LookupError::UnknownSource(id.to_string()));
         }
         Ok(registry)
     }
 
-    fn reopen(&self, stale: &Arc<Tensor>) -> ServiceResult<Arc<Tensor>> {
+    fn reopen(&self, stale: &Arc<Tensor>) -> Result<Arc<Tensor>, LookupError> {
         let path = stale.source.path().to_path_buf();
         if let Err(busy) = stale.source.check_no_writer() {
-            return Err(ServiceError::Unavailable(format!(
+            return Err(LookupError::Unavailable(format!(
                 "source '{}' is being written; plan the read again when the write is done ({busy})",
                 stale.source_id
             )));
@@ -196,7 +192,7 @@ impl Sources {
         let registry = self.reopen_unlocked(&stale.source_id, &path)?;
         match registry.get(&stale.source_id) {
             Some(t) => Ok(t.clone()),
-            None => Err(ServiceError::Unavailable(format!(
+            None => Err(LookupError::Unavailable(format!(
                 "source '{}' changed on disk and can no longer be read: {}",
                 stale.source_id,
                 registry
@@ -211,12 +207,37 @@ impl Sources {
 /// Refuses an array id longer than any id a chunk ticket can carry
 /// ([`MAX_ARRAY_ID_BYTES`]) by its length alone, without quoting it: such an id names no
 /// source, and echoing it would turn a request into a large status.
-pub fn check_array_id_len(array_id: &str) -> ServiceResult<()> {
+pub fn check_array_id_len(array_id: &str) -> Result<(), LookupError> {
     if array_id.len() <= MAX_ARRAY_ID_BYTES {
         return Ok(());
     }
-    Err(ServiceError::InvalidArgument(format!(
+    Err(LookupError::Refused(format!(
         "array id is {} bytes, over the limit of {MAX_ARRAY_ID_BYTES} bytes",
         array_id.len()
     )))
+}
+
+/// Why an array id did not resolve to a served tensor; the wire gives each its status
+/// (`From<LookupError> for ServiceError`).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum LookupError {
+    /// No source has this id.
+    #[error("unknown array id '{0}': no such source")]
+    UnknownSource(String),
+    /// The source exists but the field after `/` does not.
+    #[error("unknown array id '{array_id}': source '{source_id}' has no tensor '{field}'")]
+    UnknownField {
+        /// The id as requested.
+        array_id: String,
+        /// The source part of the id.
+        source_id: String,
+        /// The field part of the id.
+        field: String,
+    },
+    /// The source cannot be read now (it changed and broke, or is being written).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The id itself is refused (too long), or names a source refused when it was opened.
+    #[error("{0}")]
+    Refused(String),
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use redb::{ReadableTable, TableDefinition};
 
-use crate::reopening_db::ReopeningDb;
+use crate::state_dir::reopening_db::ReopeningDb;
 
 use super::record::UploadRecord;
 
@@ -56,7 +56,8 @@ impl ManifestError {
     pub fn is_disk_full(&self) -> bool {
         match self {
             ManifestError::Db(err) => {
-                crate::reopening_db::is_disk_full(err) || matches!(err, redb::Error::PreviousIo)
+                crate::state_dir::reopening_db::is_disk_full(err)
+                    || matches!(err, redb::Error::PreviousIo)
             }
             ManifestError::Record { .. } => false,
         }

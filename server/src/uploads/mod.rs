@@ -36,14 +36,14 @@ use tessera_proto::pb::{TensorDescriptor, UploadStatus};
 use tessera_segments::EntryMeta;
 
 pub use batch::arrow_type;
-pub use data::{ChunkData, DataError};
+pub use data::ChunkData;
 pub use error::UploadError;
-pub use id::{FIELDS_SEGMENT, SCRATCH_SOURCE_ID, is_upload_id};
+pub use id::{SCRATCH_SOURCE_ID, is_upload_id};
 pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits};
-pub use manifest::{Manifest, ManifestError};
+pub use manifest::Manifest;
 pub use record::{State, UploadRecord};
 
-use crate::chunk_id::{ChunkId, ContentVersion, UploadVersion};
+use crate::grid::chunk_id::{ChunkId, ContentVersion, UploadVersion};
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
 use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use tessera_segments::ipc::DATA_BODY_OFFSET;
 
 use super::{State, Upload, UploadError, zeros};
-use crate::chunk_id::{ChunkId, ContentVersion};
 use crate::chunks::EncodedChunk;
 use crate::grid::Region;
+use crate::grid::chunk_id::{ChunkId, ContentVersion};
 use crate::source::meta::SourceMeta;
 use crate::source::npy::Dtype;
 use crate::source::origin::Origin;

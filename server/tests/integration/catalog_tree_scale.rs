@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tessera_server::catalog::tree::{MAX_LIMIT, TreeIndex};
+use tessera_server::{CATALOG_TREE_MAX_LIMIT as MAX_LIMIT, TreeIndex};
 
 /// 100 plates × 100 wells × 10 fields under one deep root, as a screen is laid out: each
 /// source's path segments and id.

@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use tessera_server::chunk_id::{ChunkId, ChunkIdError, FileVersion as ContentVersion};
-use tessera_server::grid::Region;
-use tessera_server::scaled::{Method, Scale};
+use tessera_server::Region;
+use tessera_server::{ChunkId, ChunkIdError, FileVersion as ContentVersion};
+use tessera_server::{Method, Scale};
 
 /// The pinned encoding of the vector below. If this test fails, the wire
 /// format changed: existing client caches would map old ids to new bytes.

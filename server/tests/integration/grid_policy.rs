@@ -4,7 +4,7 @@
 
 use crate::grid_support::indices;
 use proptest::prelude::*;
-use tessera_server::grid::{
+use tessera_server::{
     ChunkGrid, DEFAULT_TARGET_CHUNK_BYTES, GridError, MAX_CHUNK_BYTES, Region, element_range,
 };
 

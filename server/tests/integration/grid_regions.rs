@@ -4,7 +4,7 @@
 
 use crate::grid_support::indices;
 use proptest::prelude::*;
-use tessera_server::grid::{ChunkGrid, GridError, Region, element_range};
+use tessera_server::{ChunkGrid, GridError, Region, element_range};
 
 fn r(start: &[u64], stop: &[u64]) -> Region {
     Region::new(start.to_vec(), stop.to_vec())

@@ -10,6 +10,7 @@ mod catalog_tree_scale;
 mod chunk_id_codec;
 mod grid_policy;
 mod grid_regions;
+mod modules_form_layers;
 mod npy_fixtures_bit_exact;
 mod npy_header_never_panics;
 mod npy_malformed_refused;

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::npy_support::{Rng, generate, naive_region};
-use tessera_server::source::npy::{
+use tessera_server::npy::{
     Limits, NpyFile, NpyView, parse_header, read_stream, region_is_contiguous,
 };
 

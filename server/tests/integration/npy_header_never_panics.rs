@@ -4,7 +4,7 @@
 
 use crate::npy_support::{Rng, npy_bytes};
 use proptest::prelude::*;
-use tessera_server::source::npy::{Dtype, Header, Limits, NpyView, parse_header};
+use tessera_server::npy::{Dtype, Header, Limits, NpyView, parse_header};
 
 /// Valid files to mutate: several dtypes, ranks, orders and header versions.
 fn seeds() -> Vec<Vec<u8>> {

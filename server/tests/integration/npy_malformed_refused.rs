@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::npy_support::{generate, npy_bytes};
-use tessera_server::source::npy::{Limits, NpyError, NpyFile, NpyView, read_stream};
+use tessera_server::npy::{Limits, NpyError, NpyFile, NpyView, read_stream};
 
 /// The variant's name; exhaustive, so a new variant must be placed here.
 fn kind(err: &NpyError) -> &'static str {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use crate::npy_support::npy_bytes;
-use tessera_server::source::npy::{Limits, NpyError, NpyFile};
+use tessera_server::npy::{Limits, NpyError, NpyFile};
 
 const SHAPE: [u64; 2] = [64, 128];
 

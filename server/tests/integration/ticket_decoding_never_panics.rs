@@ -9,7 +9,7 @@ use tessera_proto::ticket::{
     TicketPayload, catalog_ticket, chunk_ticket, decode_flight_request, decode_ticket,
     flight_request,
 };
-use tessera_server::chunk_id::ChunkId;
+use tessera_server::ChunkId;
 
 fn any_read() -> impl Strategy<Value = TensorReadOption> {
     (

@@ -20,8 +20,8 @@ use tessera_e2e::process::{ServerProcess, status_bytes};
 use tessera_e2e::*;
 use tessera_proto::image_pb::RoiPutResult;
 use tessera_proto::pb::{PutCommand, RoiPut, put_command};
-use tessera_server::rois::rows;
-use tessera_server::rois::store::StoredRoi;
+use tessera_server::StoredRoi;
+use tessera_server::rows;
 
 /// A new annotation (the server mints its id) with `geometry` and `props` as its text.
 pub(crate) fn new_roi(geometry: &str, props: &str) -> (String, StoredRoi) {

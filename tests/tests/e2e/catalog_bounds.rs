@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use tessera_e2e::*;
-use tessera_server::catalog::{Catalog, CatalogError, CatalogLimits, Snapshot};
-use tessera_server::source::registry::{OpenOptions, Registry};
+use tessera_server::{Catalog, CatalogError, CatalogLimits, Snapshot};
+use tessera_server::{OpenOptions, Registry};
 
 /// A registry of `n` tiny tensors.
 fn registry(dir: &std::path::Path, n: u64) -> Registry {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use tessera_e2e::*;
-use tessera_server::catalog::{Catalog, CatalogLimits, Snapshot};
-use tessera_server::source::registry::{OpenOptions, Registry};
+use tessera_server::{Catalog, CatalogLimits, Snapshot};
+use tessera_server::{OpenOptions, Registry};
 
 const WORDS: &[&str] = &[
     "SELECT",

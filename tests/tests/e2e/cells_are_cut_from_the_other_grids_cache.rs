@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use arrow_flight::FlightClient;
 use tessera_e2e::located::{Located, decode_located};
 use tessera_e2e::*;
-use tessera_server::route::LoopbackPlans;
+use tessera_server::LoopbackPlans;
 
 /// 30 rows of 1,000 bytes.
 const SHAPE: [u64; 2] = [30, 1000];

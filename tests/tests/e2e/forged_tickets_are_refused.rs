@@ -4,9 +4,9 @@
 
 use arrow_flight::Ticket;
 use tessera_e2e::*;
-use tessera_server::chunk_id::{ChunkId, ContentVersion};
-use tessera_server::grid::Region;
-use tessera_server::scaled::{Method, Scale};
+use tessera_server::Region;
+use tessera_server::{ChunkId, ContentVersion};
+use tessera_server::{Method, Scale};
 
 async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();

@@ -32,13 +32,7 @@ fn data_offset(path: &Path) -> u64 {
 }
 
 async fn start(grid: Grid, path: &Path, cache: Option<PathBuf>) -> TestServer {
-    start_settling(
-        grid,
-        path,
-        cache,
-        tessera_server::chunks::DEFAULT_SETTLE_WINDOW,
-    )
-    .await
+    start_settling(grid, path, cache, tessera_server::DEFAULT_SETTLE_WINDOW).await
 }
 
 /// A server with stability window `settle`: shorter than a racing writer's pauses, so the

@@ -14,7 +14,7 @@ use arrow_flight::decode::DecodedPayload;
 use futures::StreamExt;
 use tessera_e2e::*;
 use tessera_server::config::ServeConfig;
-use tessera_server::daemon::{Daemon, DaemonError};
+use tessera_server::{Daemon, DaemonError};
 use tessera_test_support::http::{http_request, http_request_with};
 
 /// Times every chunk is fetched over do_get.

@@ -1,5 +1,5 @@
 //! An array id longer than any chunk ticket can carry (1024 bytes, `MAX_ARRAY_ID_BYTES` in
-//! server/src/chunk_id.rs) is refused by its length against the real `tessera` process: UNKNOWN
+//! server/src/grid/chunk_id.rs) is refused by its length against the real `tessera` process: UNKNOWN
 //! with the biopb `INVALID_ARGUMENT` extra_info, a short message naming the length and the
 //! limit, and none of the id echoed. GetFlightInfo commands and path descriptors, GetSchema,
 //! DoGet tickets and `chunk_locate` are all checked. A symlink to a non-`.npy` file outside
@@ -28,7 +28,7 @@ fn command(array_id: String) -> FlightDescriptor {
     )
 }
 
-/// A chunk ticket (chunk id format 1, see server/src/chunk_id.rs) carrying `id` as its array id.
+/// A chunk ticket (chunk id format 1, see server/src/grid/chunk_id.rs) carrying `id` as its array id.
 fn chunk_ticket(id: &[u8]) -> Vec<u8> {
     let mut chunk_id = b"TS\x01".to_vec();
     chunk_id.extend_from_slice(&(id.len() as u16).to_be_bytes());

@@ -4,7 +4,7 @@
 
 use tessera_e2e::*;
 use tessera_server::config::ServeConfig;
-use tessera_server::daemon::{Daemon, DaemonError};
+use tessera_server::{Daemon, DaemonError};
 
 const TOKEN: &str = "s3cret-token_0123456789";
 

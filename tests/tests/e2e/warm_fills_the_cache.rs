@@ -5,9 +5,9 @@
 use tessera_cli::remote::Credentials;
 use tessera_cli::warm::warm;
 use tessera_e2e::*;
+use tessera_server::Method;
+use tessera_server::PyramidPolicy;
 use tessera_server::config::CacheKind;
-use tessera_server::scaled::Method;
-use tessera_server::scaled::pyramid::PyramidPolicy;
 
 async fn after_warm_locates_hit_without_decoding(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use super::error::NpyError;
+use crate::grid::scaled::{Method, Scale, ScaleError};
 
 /// The byte order of a dtype, carried as the file states it (never converted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -88,6 +89,18 @@ pub(crate) fn is_object_descr(descr: &str) -> bool {
 }
 
 impl Dtype {
+    /// Refuses a scale whose method cannot reduce elements of this dtype: `area` of a bool
+    /// tensor (a mean of booleans is not a boolean). The one check of it, for plans and for
+    /// chunk tickets alike.
+    pub fn check_scale(&self, scale: &Scale) -> Result<(), ScaleError> {
+        if scale.method() == Method::Area && self.kind == Kind::Bool {
+            return Err(ScaleError::AreaOfBool {
+                dtype: self.numpy_str(),
+            });
+        }
+        Ok(())
+    }
+
     /// The dtype string numpy uses for it (`arr.dtype.str`): `<u2`, `>i2`, `|u1`, `|b1`, `<c8`.
     pub fn numpy_str(&self) -> String {
         let order = match self.order {

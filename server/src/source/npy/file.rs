@@ -16,7 +16,7 @@ use super::limits::Limits;
 use super::region::{Runs, check_output, check_region, fortran_strides, gather, stored_runs};
 use super::stream::{allocate, read_header, read_stream};
 use super::writers::{self, Writers};
-use crate::source::version::FileVersion;
+use crate::content_version::FileVersion;
 
 /// Bytes read first when opening a file; numpy headers are 64 or 128 bytes.
 const FIRST_READ: usize = 4096;

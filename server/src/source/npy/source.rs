@@ -11,9 +11,9 @@ use super::dtype::Dtype;
 use super::error::NpyError;
 use super::file::{NpyFile, Placement};
 use super::limits::Limits;
+use crate::content_version::ContentVersion;
 use crate::grid::Region;
 use crate::source::abstraction::{ByteRange, Source, SourceError, SourceErrorKind};
-use crate::source::version::ContentVersion;
 
 impl From<NpyError> for SourceError {
     fn from(err: NpyError) -> SourceError {

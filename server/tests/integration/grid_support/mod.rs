@@ -1,6 +1,6 @@
 //! Shared helper of the `grid_*` tests.
 
-use tessera_server::grid::Region;
+use tessera_server::Region;
 
 /// Every index of a region, in C order.
 pub fn indices(region: &Region) -> Vec<Vec<u64>> {

@@ -1,0 +1,248 @@
+//! Typed setting values: a [`Size`] in bytes, a [`Duration`] and a pyramid [`Reduction`],
+//! each parsed once where it enters (a flag, an environment variable or a config file key)
+//! by one parser, and printed back in the form that parser reads.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use tessera_proto::units::{format_duration, format_size, parse_duration, parse_size};
+
+use super::ConfigError;
+use crate::grid::scaled::Method;
+
+/// A number of bytes, written `123`, `64MiB`, `4GiB`, `500MB` or `1.5GiB` (binary and
+/// decimal units, case-insensitive; [`tessera_proto::units::parse_size`], which the client
+/// reads sizes with too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Size(u64);
+
+impl Size {
+    /// `bytes` bytes.
+    pub const fn bytes(bytes: u64) -> Size {
+        Size(bytes)
+    }
+
+    /// The number of bytes.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for Size {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Size, ConfigError> {
+        parse_size(text)
+            .map(Size)
+            .ok_or_else(|| ConfigError::Size(text.to_string()))
+    }
+}
+
+impl TryFrom<String> for Size {
+    type Error = ConfigError;
+
+    fn try_from(text: String) -> Result<Size, ConfigError> {
+        text.parse()
+    }
+}
+
+impl From<Size> for String {
+    fn from(size: Size) -> String {
+        size.to_string()
+    }
+}
+
+impl fmt::Display for Size {
+    /// The largest binary unit that divides the size exactly (`8MiB`), else bytes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_size(self.0))
+    }
+}
+
+/// A time span, written `2s`, `500ms`, `1.5s`, `1m`, `1h` or a bare number of seconds; zero
+/// is refused ([`tessera_proto::units::parse_duration`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Duration(std::time::Duration);
+
+impl Duration {
+    /// The span `span`.
+    pub const fn of(span: std::time::Duration) -> Duration {
+        Duration(span)
+    }
+
+    /// The span.
+    pub const fn get(self) -> std::time::Duration {
+        self.0
+    }
+}
+
+impl FromStr for Duration {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Duration, ConfigError> {
+        parse_duration(text).map(Duration).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "duration '{text}' is not understood: use e.g. 2s, 500ms, 1m"
+            ))
+        })
+    }
+}
+
+impl TryFrom<String> for Duration {
+    type Error = ConfigError;
+
+    fn try_from(text: String) -> Result<Duration, ConfigError> {
+        text.parse()
+    }
+}
+
+impl From<Duration> for String {
+    fn from(duration: Duration) -> String {
+        duration.to_string()
+    }
+}
+
+impl fmt::Display for Duration {
+    /// Whole seconds (`2s`), else milliseconds (`500ms`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_duration(self.0))
+    }
+}
+
+/// The reduction method the pyramid advertises for computed levels: `nearest` or `area`
+/// (case-insensitive, surrounding blanks ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Reduction(pub Method);
+
+impl FromStr for Reduction {
+    type Err = ConfigError;
+
+    fn from_str(name: &str) -> Result<Reduction, ConfigError> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "nearest" => Ok(Reduction(Method::Nearest)),
+            "area" => Ok(Reduction(Method::Area)),
+            _ => Err(ConfigError::Invalid(format!(
+                "pyramid method '{name}' is not one of nearest, area"
+            ))),
+        }
+    }
+}
+
+impl TryFrom<String> for Reduction {
+    type Error = ConfigError;
+
+    fn try_from(name: String) -> Result<Reduction, ConfigError> {
+        name.parse()
+    }
+}
+
+impl From<Reduction> for String {
+    fn from(method: Reduction) -> String {
+        method.0.name().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn sizes_read_every_spelling_and_print_what_they_read() {
+        for (text, bytes) in [
+            ("64MiB", 64 << 20),
+            ("1GiB", 1 << 30),
+            ("4gib", 4 << 30),
+            ("500MB", 500_000_000),
+            ("1.5GiB", 3 << 29),
+            ("512 MiB", 512 << 20),
+            ("1024", 1024),
+            ("0", 0),
+        ] {
+            let size: Size = text.parse().unwrap();
+            assert_eq!(size.get(), bytes, "{text}");
+            assert_eq!(size.to_string().parse::<Size>().unwrap(), size, "{text}");
+        }
+        assert_eq!(Size::bytes(8 << 20).to_string(), "8MiB");
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_with_the_text_and_the_units() {
+        for text in ["lots", "12XB", "-1", "", "MiB"] {
+            let err = text.parse::<Size>().unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "size '{text}' is not understood: use bytes or a unit such as 64MiB, \
+                     4GiB, 500MB"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn durations_read_every_spelling_and_refuse_zero_and_nonsense() {
+        for (text, millis) in [
+            ("2s", 2000),
+            ("500ms", 500),
+            ("1.5s", 1500),
+            ("1m", 60_000),
+            ("1min", 60_000),
+            ("1h", 3_600_000),
+            ("3", 3000),
+        ] {
+            let span: Duration = text.parse().unwrap();
+            assert_eq!(span.get().as_millis(), millis, "{text}");
+            assert_eq!(
+                span.to_string().parse::<Duration>().unwrap(),
+                span,
+                "{text}"
+            );
+        }
+        for text in ["0s", "0", "2 fortnights", "soon", ""] {
+            let err = text.parse::<Duration>().unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!("duration '{text}' is not understood: use e.g. 2s, 500ms, 1m")
+            );
+        }
+    }
+
+    #[test]
+    fn config_files_read_sizes_and_durations_with_the_same_parser() {
+        #[derive(Deserialize, Serialize)]
+        struct Keys {
+            size: Size,
+            span: Duration,
+        }
+        let keys: Keys = toml::from_str("size = \"64MiB\"\nspan = \"250ms\"\n").unwrap();
+        assert_eq!(keys.size.get(), 64 << 20);
+        assert_eq!(keys.span.get().as_millis(), 250);
+        assert_eq!(
+            toml::to_string(&keys).unwrap(),
+            "size = \"64MiB\"\nspan = \"250ms\"\n"
+        );
+        let err = toml::from_str::<Keys>("size = \"lots\"\nspan = \"1s\"\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("size 'lots' is not understood"), "{err}");
+        let err = toml::from_str::<Keys>("size = \"1\"\nspan = \"never\"\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("duration 'never' is not understood"), "{err}");
+    }
+
+    #[test]
+    fn reductions_are_nearest_or_area() {
+        assert_eq!(" Area ".parse::<Reduction>().unwrap().0, Method::Area);
+        assert_eq!(String::from(Reduction(Method::Nearest)), "nearest");
+        let err = "bicubic".parse::<Reduction>().unwrap_err().to_string();
+        assert_eq!(err, "pyramid method 'bicubic' is not one of nearest, area");
+    }
+}
