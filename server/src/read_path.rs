@@ -24,7 +24,7 @@ use crate::grid::chunk_id::ChunkId;
 use crate::grid::route::{Route, RoutePlanner};
 use crate::metrics::Metrics;
 use crate::source::registry::Tensor;
-use crate::source::sources::Sources;
+use crate::source::sources::{LookupError, Sources};
 use crate::source::{HeldLocation, SourceError, SourceErrorKind};
 use crate::uploads::{UploadError, Uploads, is_upload_id};
 
@@ -75,7 +75,7 @@ impl<'a> ReadPath<'a> {
         if !is_upload_id(array_id) {
             return Ok(self.sources.resolve(array_id)?);
         }
-        let unknown = || ServiceError::UnknownSource(array_id.to_string());
+        let unknown = || ServiceError::from(LookupError::UnknownSource(array_id.to_string()));
         let uploads = self.uploads.ok_or_else(unknown)?;
         match (uploads.get(array_id), asker) {
             (Some(upload), _) => Ok(Arc::new(upload.tensor())),

@@ -51,19 +51,10 @@ pub enum ServiceError {
     /// The call carried no token or the wrong one.
     #[error(transparent)]
     Unauthenticated(#[from] TokenError),
-    /// The requested array id names no source.
-    #[error("unknown array id '{0}': no such source")]
-    UnknownSource(String),
-    /// The source exists but the field after `/` does not.
-    #[error("unknown array id '{array_id}': source '{source_id}' has no tensor '{field}'")]
-    UnknownField {
-        /// The id as requested.
-        array_id: String,
-        /// The source part of the id.
-        source_id: String,
-        /// The field part of the id.
-        field: String,
-    },
+    /// The array id did not resolve to a served tensor (no such source or field, or a source
+    /// refused or unreadable now).
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
     /// The wire refused the request for its arguments (bad body, slice, ticket, size).
     #[error(transparent)]
     Request(#[from] RequestError),
@@ -284,8 +275,12 @@ impl ServiceError {
         match self {
             Self::Value(inner) => (Code::InvalidArgument, "Invalid", inner.classify().2),
             Self::Unauthenticated(_) => UNAUTHENTICATED,
-            Self::UnknownSource(_) => not_found("unknown_source"),
-            Self::UnknownField { .. } => not_found("unknown_field"),
+            Self::Lookup(err) => match err {
+                LookupError::UnknownSource(_) => not_found("unknown_source"),
+                LookupError::UnknownField { .. } => not_found("unknown_field"),
+                LookupError::Refused(_) => bad_request(),
+                LookupError::Unavailable(_) => UNAVAILABLE,
+            },
             Self::Stale(_) => not_found("stale_chunk"),
             Self::Request(_) | Self::InvalidArgument(_) => bad_request(),
             Self::NotServed(_) | Self::Unsupported(_) | Self::Catalog(_) => FAILED,
@@ -347,8 +342,11 @@ impl ServiceError {
     /// server faults and unavailability keep their own class.
     pub fn into_value_error(self) -> ServiceError {
         match self {
-            Self::UnknownSource(_)
-            | Self::UnknownField { .. }
+            Self::Lookup(
+                LookupError::UnknownSource(_)
+                | LookupError::UnknownField { .. }
+                | LookupError::Refused(_),
+            )
             | Self::Request(_)
             | Self::InvalidArgument(_)
             | Self::Stale(_) => Self::Value(Box::new(self)),
@@ -418,25 +416,6 @@ pub type ServiceResult<T> = Result<T, ServiceError>;
 
 /// The chunk layer's failures on the wire: the source's state and the server's limits are
 /// the caller's to act on (plan again, retry), the rest are the server's faults.
-impl From<LookupError> for ServiceError {
-    fn from(err: LookupError) -> Self {
-        match err {
-            LookupError::UnknownSource(id) => Self::UnknownSource(id),
-            LookupError::UnknownField {
-                array_id,
-                source_id,
-                field,
-            } => Self::UnknownField {
-                array_id,
-                source_id,
-                field,
-            },
-            LookupError::Unavailable(why) => Self::Unavailable(why),
-            LookupError::Refused(why) => Self::InvalidArgument(why),
-        }
-    }
-}
-
 impl From<ChunkError> for ServiceError {
     fn from(err: ChunkError) -> Self {
         let message = err.to_string();
@@ -478,8 +457,9 @@ mod tests {
 
     #[test]
     fn value_refusals_are_bare_invalid_argument_with_the_message() {
-        let status =
-            Status::from(ServiceError::UnknownSource("nope".to_string()).into_value_error());
+        let status = Status::from(
+            ServiceError::from(LookupError::UnknownSource("nope".to_string())).into_value_error(),
+        );
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().contains("'nope'"), "{}", status.message());
         assert!(status.metadata().get("x-arrow-status").is_none());
