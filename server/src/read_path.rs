@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use crate::chunks::{ChunkService, EncodedChunk, LocateOutcome, Unlocatable};
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, RequestError, ServiceError, ServiceResult};
 use crate::grid::chunk_id::ChunkId;
 use crate::grid::route::{Route, RoutePlanner};
 use crate::metrics::Metrics;
@@ -119,8 +119,8 @@ impl<'a> ReadPath<'a> {
 
     /// The chunk id a ticket carries and the tensor it names.
     fn chunk(&self, chunk_id: &[u8]) -> ServiceResult<(Arc<Tensor>, ChunkId)> {
-        let id = ChunkId::decode(chunk_id)
-            .map_err(|e| ServiceError::InvalidArgument(format!("malformed chunk ticket: {e}")))?;
+        let id =
+            ChunkId::decode(chunk_id).map_err(|source| RequestError::ChunkTicket { source })?;
         let tensor = self.tensor_for(id.array_id(), Asker::Chunk)?;
         Ok((tensor, id))
     }
@@ -189,13 +189,16 @@ async fn held<T: Send + 'static>(
 ) -> ServiceResult<T> {
     tokio::task::spawn_blocking(move || match tensor.source.held_chunks() {
         Some(held) => ask(held, &id).map_err(held_error),
-        None => Err(ServiceError::Internal(format!(
-            "the source of '{}' no longer holds its chunks",
-            id.array_id()
-        ))),
+        None => Err(Fault::HeldChunksGone {
+            array_id: id.array_id().to_string(),
+        }
+        .into()),
     })
     .await
-    .map_err(|e| ServiceError::Internal(format!("reading a held chunk: {e}")))?
+    .map_err(|e| Fault::Task {
+        what: "reading a held chunk",
+        source: Arc::new(e),
+    })?
 }
 
 /// How a refused read of held chunks travels: its words as they are.
@@ -223,18 +226,18 @@ fn check_decoded_chunk(tensor: &Tensor, id: &ChunkId) -> ServiceResult<()> {
         None => tensor.grid_of(id.region()).is_some(),
         Some(scale) => {
             if !scale.fits(tensor.shape()) {
-                return Err(ServiceError::InvalidArgument(format!(
-                    "chunk ticket scale {:?} does not fit '{}' of shape {:?}",
-                    scale.factors(),
-                    id.array_id(),
-                    tensor.shape()
-                )));
+                return Err(RequestError::TicketScale {
+                    factors: scale.factors().to_vec(),
+                    array_id: id.array_id().to_string(),
+                    shape: tensor.shape().to_vec(),
+                }
+                .into());
             }
             if tensor.source.dtype().check_scale(scale).is_err() {
-                return Err(ServiceError::InvalidArgument(format!(
-                    "chunk ticket of '{}' asks for 'area' of a bool tensor, which is refused",
-                    id.array_id()
-                )));
+                return Err(RequestError::TicketAreaOfBool {
+                    array_id: id.array_id().to_string(),
+                }
+                .into());
             }
             tensor
                 .scaled_grid_of(id.region(), scale.factors())
@@ -242,12 +245,12 @@ fn check_decoded_chunk(tensor: &Tensor, id: &ChunkId) -> ServiceResult<()> {
         }
     };
     if !is_chunk {
-        return Err(ServiceError::InvalidArgument(format!(
-            "chunk ticket region {:?}..{:?} is not a chunk of '{}'",
-            id.region().start,
-            id.region().stop,
-            id.array_id()
-        )));
+        return Err(RequestError::TicketNotACell {
+            start: id.region().start.clone(),
+            stop: id.region().stop.clone(),
+            array_id: id.array_id().to_string(),
+        }
+        .into());
     }
     Ok(())
 }

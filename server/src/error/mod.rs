@@ -139,6 +139,12 @@ pub enum Fault {
     /// A plan's chunk id could not be built.
     #[error("minting a chunk id: {0}")]
     ChunkId(#[source] ChunkIdError),
+    /// A source that held its chunks (an upload) holds them no longer.
+    #[error("the source of '{array_id}' no longer holds its chunks")]
+    HeldChunksGone {
+        /// The tensor.
+        array_id: String,
+    },
     /// A DoGet reached the Flight service without passing the chunk route.
     #[error("DoGet reached the Flight service without the chunk route that decodes its ticket")]
     NoChunkRoute,

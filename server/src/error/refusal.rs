@@ -14,6 +14,7 @@ use arrow_schema::ArrowError;
 use tessera_proto::ProtoError;
 
 use crate::grid::GridError;
+use crate::grid::chunk_id::ChunkIdError;
 use crate::grid::scaled::ScaleError;
 use crate::rois::rows::RowsError;
 use crate::uploads::PUT_FRAMING_SLACK;
@@ -331,6 +332,39 @@ pub enum RequestError {
     /// A `chunk_locate` of a ticket of another kind than a chunk ticket.
     #[error("chunk_locate takes a chunk ticket (TensorTicket{{chunk_id}})")]
     ChunkLocateTicket,
+    /// A chunk ticket whose chunk id does not decode.
+    #[error("malformed chunk ticket: {source}")]
+    ChunkTicket {
+        /// Why the chunk id does not decode.
+        #[source]
+        source: ChunkIdError,
+    },
+    /// A scaled chunk ticket whose factors do not fit its tensor.
+    #[error("chunk ticket scale {factors:?} does not fit '{array_id}' of shape {shape:?}")]
+    TicketScale {
+        /// The ticket's factors.
+        factors: Vec<u64>,
+        /// The tensor.
+        array_id: String,
+        /// The tensor's shape.
+        shape: Vec<u64>,
+    },
+    /// A scaled chunk ticket asking for the `area` mean of a bool tensor.
+    #[error("chunk ticket of '{array_id}' asks for 'area' of a bool tensor, which is refused")]
+    TicketAreaOfBool {
+        /// The tensor.
+        array_id: String,
+    },
+    /// A chunk ticket whose region is not a cell of any of the tensor's grids.
+    #[error("chunk ticket region {start:?}..{stop:?} is not a chunk of '{array_id}'")]
+    TicketNotACell {
+        /// The region's first element.
+        start: Vec<u64>,
+        /// One past its last element.
+        stop: Vec<u64>,
+        /// The tensor.
+        array_id: String,
+    },
 }
 
 /// A well-formed request for something Tessera does not offer.
