@@ -929,6 +929,28 @@ mod tests {
     use super::*;
     use arrow_array::UInt16Array;
 
+    /// Uploads kept in `dir` (1 MiB of pages, 10-minute TTL cap, default limits).
+    fn open(dir: &Path) -> Arc<Uploads> {
+        Uploads::open(
+            dir,
+            1 << 20,
+            Duration::from_secs(600),
+            UploadLimits::default(),
+        )
+        .unwrap()
+    }
+
+    /// The request adding `scratch/@fields/NAME`: 4×6 `<u2` in two 2×6 cells.
+    fn descriptor(name: &str) -> TensorDescriptor {
+        TensorDescriptor {
+            array_id: format!("cache://scratch/@fields/{name}"),
+            shape: vec![4, 6],
+            dtype: "<u2".to_string(),
+            chunk_shape: vec![2, 6],
+            ..Default::default()
+        }
+    }
+
     fn chunk_of(upload: &Upload, cell: u64) -> (Vec<u8>, RecordBatch) {
         let region = upload.grid().cell_at(cell).unwrap();
         let id = ChunkId::new(upload.array_id(), upload.version(), region.clone()).unwrap();
@@ -945,20 +967,8 @@ mod tests {
     fn a_region_reads_across_sent_and_unsent_cells() {
         use crate::source::Source;
         let tmp = tempfile::tempdir().unwrap();
-        let uploads = Uploads::open(
-            tmp.path(),
-            1 << 20,
-            Duration::from_secs(600),
-            UploadLimits::default(),
-        )
-        .unwrap();
-        let request = TensorDescriptor {
-            array_id: "cache://scratch/@fields/r".to_string(),
-            shape: vec![4, 6],
-            dtype: "<u2".to_string(),
-            chunk_shape: vec![2, 6],
-            ..Default::default()
-        };
+        let uploads = open(tmp.path());
+        let request = descriptor("r");
         uploads.add(&request, |_| false).unwrap();
         let upload = uploads.get("scratch/@fields/r").unwrap();
         let (ticket, batch) = chunk_of(&upload, 0);
@@ -982,22 +992,10 @@ mod tests {
     #[test]
     fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
         let tmp = tempfile::tempdir().unwrap();
-        let request = TensorDescriptor {
-            array_id: "cache://scratch/@fields/t".to_string(),
-            shape: vec![4, 6],
-            dtype: "<u2".to_string(),
-            chunk_shape: vec![2, 6],
-            ..Default::default()
-        };
+        let request = descriptor("t");
         let array_id = "scratch/@fields/t";
         {
-            let uploads = Uploads::open(
-                tmp.path(),
-                1 << 20,
-                Duration::from_secs(600),
-                UploadLimits::default(),
-            )
-            .unwrap();
+            let uploads = open(tmp.path());
             let desc = uploads.add(&request, |_| false).unwrap();
             assert_eq!(desc.array_id, array_id);
             assert_eq!(desc.ttl_seconds, Some(600));
@@ -1012,13 +1010,7 @@ mod tests {
             assert_eq!(upload.status().uploaded_chunks, 1);
             assert_eq!(upload.status().expected_chunks, 2);
         }
-        let uploads = Uploads::open(
-            tmp.path(),
-            1 << 20,
-            Duration::from_secs(600),
-            UploadLimits::default(),
-        )
-        .unwrap();
+        let uploads = open(tmp.path());
         let upload = uploads.get(array_id).unwrap();
         assert_eq!(upload.state(), State::Pending);
         assert_eq!(upload.status().uploaded_chunks, 1);
