@@ -120,7 +120,7 @@ def test_cells_are_whole_store_chunks(start_server, store_dir):
     d, _ = store_dir
     server = start_server(d, extra=("--chunk-target", "40KiB", "--mapped-chunk-target", "40KiB"))
     client = TensorFlightClient(server.location)
-    desc = client.get_descriptor("v3_sharded")
+    desc = client.get_descriptor("v3_sharded", with_metadata=True)
     meta = json.loads(desc.metadata_json)
     assert meta["format"] == "zarr" and meta["zarr_format"] == 3
     native = meta["zarr_chunks"]  # the shard shape: the unit zarrs decodes whole
@@ -173,7 +173,7 @@ def test_ome_zarr_levels_are_a_native_pyramid(version, mode, monkeypatch, start_
     _ome(d / "cells.zarr", levels, version)
     server = start_server(d, extra=("--chunk-target", "40KiB"))
     client = TensorFlightClient(server.location, cache_bytes=0)
-    desc = client.get_descriptor("cells")
+    desc = client.get_descriptor("cells", with_metadata=True)
     assert list(desc.dim_labels) == ["z", "y", "x"]
     assert [list(p.scale_hint) for p in desc.pyramid] == [[1, 1, 1], [1, 2, 2], [1, 4, 4]]
     assert all(p.native and p.reduction_method == "precompute" for p in desc.pyramid)
@@ -238,7 +238,8 @@ def test_each_bad_store_is_refused_by_name_and_the_others_serve(start_server, tm
     (d / "empty.zarr").mkdir()
     corrupt = v2(d / "corrupt.zarr", _u16(), compressor=numcodecs.Zstd())
     (d / "corrupt.zarr" / "0.0.0").write_bytes(b"\x00garbage, not zstd")
-    server = start_server(d)
+    # Cells of whole store chunks (4, 32, 48) on both routes, so a bad chunk fails its cells only.
+    server = start_server(d, extra=("--chunk-target", "12KiB", "--mapped-chunk-target", "12KiB"))
     client = TensorFlightClient(server.location, cache_bytes=0)
     assert np.array_equal(client.get_tensor("good").compute(), good[...])
     reasons = {
@@ -272,7 +273,7 @@ def test_a_rewritten_chunk_gets_new_ids_and_old_tickets_are_refused(start_server
     d = tmp_path / "data"
     d.mkdir()
     z = v2(d / "live.zarr", _u16(), chunks=(9, 70, 110), compressor=numcodecs.Zstd())
-    server = start_server(d, extra=("--watch-interval", "200ms"))
+    server = start_server(d, extra=("--watch", "--watch-interval", "200ms"))
     client = TensorFlightClient(server.location, cache_bytes=0)
     before = client.get_tensor("live").compute()
     assert np.array_equal(before, z[...])

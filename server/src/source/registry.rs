@@ -409,7 +409,12 @@ impl Registry {
             }
             let labels_same = self.label_overrides.get(id) == candidate.dim_labels.as_ref()
                 && self.supplied.get(id) == candidate.supplied.as_ref();
-            let tensor = tensor.filter(|t| labels_same && t.is_current());
+            // The whole version as well: a store's chunk files are compared only here.
+            let tensor = tensor.filter(|t| {
+                labels_same
+                    && t.is_current()
+                    && t.version.file() == identity_at(&candidate.path)
+            });
             let refused = refused.filter(|r| {
                 labels_same
                     && self

@@ -244,6 +244,20 @@ impl ZarrArray {
         self.snapshot.check(touched.iter().map(String::as_str))
     }
 
+    /// Refuses with [`ZarrError::Changed`] when a read found a file of the store changed
+    /// or a metadata document differs now (the chunk files are compared by reads and by the
+    /// watcher's rescan, not here: this runs on every request).
+    pub fn check_current(&self) -> Result<(), ZarrError> {
+        if self.snapshot.found_changed() {
+            return Err(ZarrError::Changed {
+                path: self.dir.clone(),
+                file: "a chunk file".to_string(),
+            });
+        }
+        let docs = [".zarray", ".zattrs", "zarr.json"].map(|d| format!("{}{d}", self.prefix));
+        self.snapshot.check(docs.iter().map(String::as_str))
+    }
+
     /// The array's shape.
     pub fn shape(&self) -> &[u64] {
         &self.shape
@@ -307,7 +321,6 @@ impl Source for ZarrArray {
     }
 
     fn check_unchanged(&self) -> Result<(), SourceError> {
-        let docs = [".zarray", ".zattrs", "zarr.json"].map(|d| format!("{}{d}", self.prefix));
-        Ok(self.snapshot.check(docs.iter().map(String::as_str))?)
+        Ok(self.check_current()?)
     }
 }

@@ -252,7 +252,7 @@ impl Source for OmeImage {
     }
 
     fn check_unchanged(&self) -> Result<(), SourceError> {
-        let docs = [".zattrs", ".zgroup", "zarr.json"];
-        Ok(self.level0.snapshot().check(docs)?)
+        self.level0.check_current()?;
+        Ok(self.level0.snapshot().check([".zattrs", ".zgroup", "zarr.json"])?)
     }
 }

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::error::ZarrError;
 use crate::content_version::FileVersion;
@@ -46,6 +47,9 @@ pub struct Snapshot {
     root: PathBuf,
     files: HashMap<String, Stamp>,
     version: FileVersion,
+    /// Set once a check found a file changed: the store is then not its version any more,
+    /// and the registry reopens it on the next request.
+    changed: AtomicBool,
 }
 
 impl Snapshot {
@@ -76,12 +80,18 @@ impl Snapshot {
             root: root.to_path_buf(),
             files,
             version,
+            changed: AtomicBool::new(false),
         })
     }
 
     /// The store's version at the snapshot.
     pub fn version(&self) -> FileVersion {
         self.version
+    }
+
+    /// Whether a check has found a file of the store changed since the snapshot.
+    pub fn found_changed(&self) -> bool {
+        self.changed.load(Ordering::Relaxed)
     }
 
     /// Refuses with [`ZarrError::Changed`] when a file at one of `keys` (relative to the
@@ -93,6 +103,7 @@ impl Snapshot {
                 .filter(|m| m.is_file())
                 .map(|m| Stamp::of(&m));
             if now.as_ref() != self.files.get(key) {
+                self.changed.store(true, Ordering::Relaxed);
                 return Err(ZarrError::Changed {
                     path: self.root.clone(),
                     file: key.to_string(),
