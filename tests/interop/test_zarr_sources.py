@@ -236,6 +236,8 @@ def test_each_bad_store_is_refused_by_name_and_the_others_serve(start_server, tm
         "zarr_format": 2, "shape": [2**40, 2**40], "chunks": [1024, 1024], "dtype": "<u2",
         "compressor": None, "filters": None, "order": "C", "fill_value": 0}))
     (d / "empty.zarr").mkdir()
+    import tifffile
+    tifffile.imwrite(d / "stack.tif", np.zeros((2, 8, 8), np.uint16))
     corrupt = v2(d / "corrupt.zarr", _u16(), compressor=numcodecs.Zstd())
     (d / "corrupt.zarr" / "0.0.0").write_bytes(b"\x00garbage, not zstd")
     # Cells of whole store chunks (4, 32, 48) on both routes, so a bad chunk fails its cells only.
@@ -248,6 +250,7 @@ def test_each_bad_store_is_refused_by_name_and_the_others_serve(start_server, tm
         "objects": "dtype '|O'",
         "absurd": "over the limit",
         "empty": "no Zarr metadata",
+        "stack": "a TIFF file, a format this server does not read",
     }
     for name, needle in reasons.items():
         with pytest.raises(ValueError, match=name) as err:
@@ -291,3 +294,19 @@ def test_a_rewritten_chunk_gets_new_ids_and_old_tickets_are_refused(start_server
     assert np.array_equal(now, z[...])
     with pytest.raises(flight.FlightError, match="plan"):
         raw.do_get(old.endpoints[0].ticket).read_all()
+
+
+def test_an_hcs_plate_lists_its_field_images(start_server, tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    plate = zarr.open_group(d / "screen.zarr", mode="w", zarr_format=2)
+    plate.attrs["plate"] = {"rows": [{"name": "A"}], "columns": [{"name": "1"}],
+                            "wells": [{"path": "A/1", "rowIndex": 0, "columnIndex": 0}]}
+    well = plate.create_group("A").create_group("1")
+    well.attrs["well"] = {"images": [{"path": "0"}]}
+    field = RNG.integers(0, 60000, (2, 64, 64), dtype=np.uint16)
+    _ome(d / "screen.zarr" / "A" / "1" / "0", _pyramid(field), "0.4")
+    server = start_server(d)
+    client = TensorFlightClient(server.location)
+    assert np.array_equal(client.get_tensor("screen.A.1.0").compute(), field)
+    assert [list(p.scale_hint) for p in client.get_descriptor("screen.A.1.0").pyramid][-1] == [1, 4, 4]

@@ -240,7 +240,11 @@ impl ChunkGrid {
         } else if native_bytes >= target {
             native
         } else {
-            let blocks: Vec<u64> = shape.iter().zip(&native).map(|(d, n)| d.div_ceil(*n)).collect();
+            let blocks: Vec<u64> = shape
+                .iter()
+                .zip(&native)
+                .map(|(d, n)| d.div_ceil(*n))
+                .collect();
             contiguous_chunk(&blocks, native_bytes, target)
                 .iter()
                 .zip(&native)

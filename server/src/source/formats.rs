@@ -39,8 +39,62 @@ const ZARR: Format = Format {
     open: zarr::open_source,
 };
 
-/// Every format served, tried in order.
-pub const FORMATS: &[Format] = &[DEFAULT, ZARR];
+/// Image formats users keep beside their arrays that this server does not read yet: claimed
+/// by extension so that a served folder lists them as refused, by name, instead of passing
+/// over them in silence.
+const NOT_READ: &[Format] = &[
+    not_read("tif"),
+    not_read("tiff"),
+    not_read("czi"),
+    not_read("nd2"),
+    not_read("lif"),
+    not_read("h5"),
+];
+
+/// A format claimed by extension and refused with what it is.
+const fn not_read(extension: &'static str) -> Format {
+    Format {
+        extension,
+        claims: |path, is_dir| !is_dir && is_not_read(path),
+        open: |path, _, _| Err(not_read_reason(path)),
+    }
+}
+
+fn is_not_read(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| NOT_READ.iter().any(|f| e.eq_ignore_ascii_case(f.extension)))
+}
+
+/// The refusal of a file of a format this server does not read.
+fn not_read_reason(path: &Path) -> String {
+    let extension = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let what = match extension.as_str() {
+        "tif" | "tiff" => "a TIFF file",
+        "czi" => "a Zeiss CZI file",
+        "nd2" => "a Nikon ND2 file",
+        "lif" => "a Leica LIF file",
+        _ => "an HDF5 file",
+    };
+    format!(
+        "{}: {what}, a format this server does not read (it serves .npy files and Zarr/OME-Zarr stores); convert it, e.g. to OME-Zarr",
+        path.display()
+    )
+}
+
+/// Every format served (or refused by name), tried in order.
+pub const FORMATS: &[Format] = &[
+    DEFAULT,
+    ZARR,
+    NOT_READ[0],
+    NOT_READ[1],
+    NOT_READ[2],
+    NOT_READ[3],
+    NOT_READ[4],
+    NOT_READ[5],
+];
 
 /// The format that claims `path` (a directory when `is_dir`).
 pub fn format_of(path: &Path, is_dir: bool) -> Option<&'static Format> {
@@ -85,6 +139,7 @@ pub fn open(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -101,5 +156,12 @@ mod tests {
         assert_eq!(strip_extension("cells.npy"), "cells");
         assert_eq!(strip_extension("image.zarr"), "image");
         assert_eq!(strip_extension(".zarr"), ".zarr");
+        let tiff = Path::new("/d/stack.TIF");
+        assert!(is_served(tiff, false));
+        let refusal = open(tiff, &Limits::default(), None).unwrap_err();
+        assert!(
+            refusal.contains("a TIFF file, a format this server does not read"),
+            "{refusal}"
+        );
     }
 }

@@ -14,6 +14,5 @@ pub mod sources;
 pub mod zarr;
 
 pub use abstraction::{
-    ByteRange, HeldChunk, HeldChunks, HeldLocation, Scaling, Source, SourceError,
-    SourceErrorKind,
+    ByteRange, HeldChunk, HeldChunks, HeldLocation, Scaling, Source, SourceError, SourceErrorKind,
 };

@@ -411,9 +411,7 @@ impl Registry {
                 && self.supplied.get(id) == candidate.supplied.as_ref();
             // The whole version as well: a store's chunk files are compared only here.
             let tensor = tensor.filter(|t| {
-                labels_same
-                    && t.is_current()
-                    && t.version.file() == identity_at(&candidate.path)
+                labels_same && t.is_current() && t.version.file() == identity_at(&candidate.path)
             });
             let refused = refused.filter(|r| {
                 labels_same

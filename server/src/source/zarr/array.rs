@@ -71,7 +71,7 @@ impl ZarrArray {
         })?;
         let array = Array::open(Arc::new(store), "/").map_err(|source| ZarrError::Open {
             path: dir.to_path_buf(),
-            source,
+            source: Box::new(source),
         })?;
         let name = array
             .data_type()
@@ -92,11 +92,9 @@ impl ZarrArray {
                 path: dir.to_path_buf(),
                 shape,
                 bytes,
-                limit: limits.max_bytes.min(
-                    limits
-                        .max_elements
-                        .saturating_mul(dtype.itemsize as u64),
-                ),
+                limit: limits
+                    .max_bytes
+                    .min(limits.max_elements.saturating_mul(dtype.itemsize as u64)),
             });
         }
         let origin = vec![0; shape.len()];
@@ -136,7 +134,12 @@ impl ZarrArray {
             .attributes()
             .get("_ARRAY_DIMENSIONS")
             .and_then(Value::as_array)
-            .and_then(|listed| listed.iter().map(|v| v.as_str().map(str::to_string)).collect());
+            .and_then(|listed| {
+                listed
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            });
         names
             .filter(|n| n.len() == self.shape.len())
             .or_else(|| self.image_axes())
@@ -159,7 +162,11 @@ impl ZarrArray {
 
     /// The Zarr format version (2 or 3).
     fn zarr_format(&self) -> u8 {
-        if self.dir.join(".zarray").is_file() { 2 } else { 3 }
+        if self.dir.join(".zarray").is_file() {
+            2
+        } else {
+            3
+        }
     }
 
     /// The files a read of `start..stop` touches, relative to the snapshot's root: the
@@ -207,7 +214,10 @@ impl ZarrArray {
         map.insert("zarr_format".into(), json!(self.zarr_format()));
         map.insert("zarr_chunks".into(), json!(self.native_chunk));
         if !self.array.attributes().is_empty() {
-            map.insert("attributes".into(), Value::Object(self.attributes().clone()));
+            map.insert(
+                "attributes".into(),
+                Value::Object(self.attributes().clone()),
+            );
         }
         map
     }
@@ -221,7 +231,7 @@ impl ZarrArray {
             path: self.dir.clone(),
             start: start.to_vec(),
             stop: stop.to_vec(),
-            source,
+            source: Box::new(source),
         };
         let bytes: ArrayBytes<'static> = self
             .array

@@ -74,7 +74,7 @@ pub enum ZarrError {
         path: PathBuf,
         /// zarrs' error.
         #[source]
-        source: zarrs::array::ArrayCreateError,
+        source: Box<zarrs::array::ArrayCreateError>,
     },
     /// An OME-Zarr image whose `multiscales` cannot be served.
     #[error("{}: an OME-Zarr image whose multiscales cannot be served: {why}", path.display())]
@@ -95,7 +95,7 @@ pub enum ZarrError {
         stop: Vec<u64>,
         /// zarrs' error.
         #[source]
-        source: zarrs::array::ArrayError,
+        source: Box<zarrs::array::ArrayError>,
     },
     /// zarrs decoded something other than the region's fixed-size elements.
     #[error("{}: a decoded region is not what was asked for: {why}", path.display())]

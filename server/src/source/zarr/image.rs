@@ -46,7 +46,9 @@ impl OmeImage {
             .collect::<Option<_>>()
             .ok_or_else(|| refuse("a dataset has no path".to_string()))?;
         if paths.iter().any(|p| p.contains("..") || p.starts_with('/')) {
-            return Err(refuse(format!("a dataset path leaves the image: {paths:?}")));
+            return Err(refuse(format!(
+                "a dataset path leaves the image: {paths:?}"
+            )));
         }
         let snapshot = Arc::new(Snapshot::take(root)?);
         let level0 = ZarrArray::open(
@@ -253,6 +255,9 @@ impl Source for OmeImage {
 
     fn check_unchanged(&self) -> Result<(), SourceError> {
         self.level0.check_current()?;
-        Ok(self.level0.snapshot().check([".zattrs", ".zgroup", "zarr.json"])?)
+        Ok(self
+            .level0
+            .snapshot()
+            .check([".zattrs", ".zgroup", "zarr.json"])?)
     }
 }

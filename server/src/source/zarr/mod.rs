@@ -54,7 +54,8 @@ pub fn open_source(
     place: Option<Placement>,
 ) -> Result<Arc<dyn Source>, String> {
     if let Some(place) = place {
-        let dir = std::fs::File::open(path).map_err(|e| format!("{}: open: {e}", path.display()))?;
+        let dir =
+            std::fs::File::open(path).map_err(|e| format!("{}: open: {e}", path.display()))?;
         place(&dir)?;
     }
     match node::node_at(path) {

@@ -62,7 +62,14 @@ pub fn node_at(dir: &Path) -> Option<Node> {
     let named = dir
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("zarr"));
-    named.then(|| Node::Broken(ZarrError::NoMetadata { path: dir.to_path_buf() }.to_string()))
+    named.then(|| {
+        Node::Broken(
+            ZarrError::NoMetadata {
+                path: dir.to_path_buf(),
+            }
+            .to_string(),
+        )
+    })
 }
 
 fn image_meta(attrs: &Value) -> Option<ImageMeta> {
@@ -119,7 +126,12 @@ pub fn check_array(dir: &Path) -> Result<(), ZarrError> {
         if let Some(id) = doc.pointer("/compressor/id").and_then(Value::as_str) {
             codecs.push((id.to_string(), V2_CODECS));
         }
-        for filter in doc.get("filters").and_then(Value::as_array).into_iter().flatten() {
+        for filter in doc
+            .get("filters")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let id = filter.get("id").and_then(Value::as_str).unwrap_or("?");
             codecs.push((id.to_string(), V2_CODECS));
         }
@@ -141,7 +153,10 @@ pub fn check_array(dir: &Path) -> Result<(), ZarrError> {
         };
         (codecs.into_iter().map(|c| (c, V3_CODECS)).collect(), dtype)
     };
-    if let Some((codec, _)) = codecs.iter().find(|(c, known)| !known.contains(&c.as_str())) {
+    if let Some((codec, _)) = codecs
+        .iter()
+        .find(|(c, known)| !known.contains(&c.as_str()))
+    {
         return Err(ZarrError::Codec {
             path: dir.to_path_buf(),
             codec: codec.clone(),
@@ -229,13 +244,22 @@ mod tests {
     fn unknown_codecs_and_object_dtypes_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let write = |doc: &str| std::fs::write(dir.path().join(".zarray"), doc).unwrap();
-        write(r#"{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":">u2","compressor":{"id":"lz4"},"filters":null,"order":"C","fill_value":0}"#);
+        write(
+            r#"{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":">u2","compressor":{"id":"lz4"},"filters":null,"order":"C","fill_value":0}"#,
+        );
         let err = check_array(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("codec 'lz4', which this server does not read"), "{err}");
-        write(r#"{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":"|O","compressor":null,"filters":null,"order":"C","fill_value":0}"#);
+        assert!(
+            err.contains("codec 'lz4', which this server does not read"),
+            "{err}"
+        );
+        write(
+            r#"{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":"|O","compressor":null,"filters":null,"order":"C","fill_value":0}"#,
+        );
         let err = check_array(dir.path()).unwrap_err().to_string();
         assert!(err.contains("dtype '|O'"), "{err}");
-        write(r#"{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":">u2","compressor":{"id":"blosc"},"filters":null,"order":"F","fill_value":0}"#);
+        write(
+            r#"{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":">u2","compressor":{"id":"blosc"},"filters":null,"order":"F","fill_value":0}"#,
+        );
         check_array(dir.path()).unwrap();
         assert!(matches!(node_at(dir.path()), Some(Node::Array)));
     }

@@ -171,7 +171,10 @@ mod tests {
         std::fs::write(dir.path().join(".zarray"), b"{}").unwrap();
         std::fs::write(dir.path().join("0.0"), b"abcd").unwrap();
         let first = Snapshot::take(dir.path()).unwrap();
-        assert_eq!(first.version(), Snapshot::take(dir.path()).unwrap().version());
+        assert_eq!(
+            first.version(),
+            Snapshot::take(dir.path()).unwrap().version()
+        );
         first.check(["0.0", "1.0"]).unwrap();
 
         std::fs::write(dir.path().join("0.0"), b"abce").unwrap();
@@ -182,12 +185,18 @@ mod tests {
             .unwrap()
             .set_modified(mtime)
             .unwrap();
-        assert!(matches!(first.check(["0.0"]), Err(ZarrError::Changed { .. })));
+        assert!(matches!(
+            first.check(["0.0"]),
+            Err(ZarrError::Changed { .. })
+        ));
         let second = Snapshot::take(dir.path()).unwrap();
         assert_ne!(first.version(), second.version());
 
         std::fs::write(dir.path().join("1.0"), b"new").unwrap();
         assert!(second.check(["1.0"]).is_err());
-        assert_ne!(second.version(), Snapshot::take(dir.path()).unwrap().version());
+        assert_ne!(
+            second.version(),
+            Snapshot::take(dir.path()).unwrap().version()
+        );
     }
 }

@@ -180,13 +180,20 @@ pub fn native_level(
     let Scaling::Native { levels } = tensor.source.scaling() else {
         return Ok(None);
     };
-    if !matches!(request.reduction_method.as_str(), "precompute" | "precomputed") {
+    if !matches!(
+        request.reduction_method.as_str(),
+        "precompute" | "precomputed"
+    ) {
         return Ok(None);
     }
     let hint: Vec<u64> = if request.scale_hint.is_empty() {
         vec![1; tensor.shape().len()]
     } else {
-        request.scale_hint.iter().map(|&f| f.max(0) as u64).collect()
+        request
+            .scale_hint
+            .iter()
+            .map(|&f| f.max(0) as u64)
+            .collect()
     };
     let Some(level) = levels.iter().find(|l| l.factors == hint) else {
         return Err(RequestError::NoNativeLevel {
@@ -211,7 +218,10 @@ pub fn native_level(
         }
     }
     let id = format!("{}.{}", tensor.array_id, level.path.replace('/', "."));
-    Ok(Some((Some(crate::source::registry::sanitize(&id)), level_request)))
+    Ok(Some((
+        Some(crate::source::registry::sanitize(&id)),
+        level_request,
+    )))
 }
 
 /// The grid a plan on `route` is cut on.
