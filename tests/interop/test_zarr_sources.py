@@ -310,3 +310,20 @@ def test_an_hcs_plate_lists_its_field_images(start_server, tmp_path):
     client = TensorFlightClient(server.location)
     assert np.array_equal(client.get_tensor("screen.A.1.0").compute(), field)
     assert [list(p.scale_hint) for p in client.get_descriptor("screen.A.1.0").pyramid][-1] == [1, 4, 4]
+
+
+def test_register_local_path_serves_zarr_stores_and_ome_images(start_server, tmp_path):
+    inbox = tmp_path / "inbox"
+    (inbox / "drop").mkdir(parents=True)
+    arr = v3(inbox / "drop" / "raw.zarr", _u16(), codecs=[ZstdCodec()])
+    levels = _pyramid(RNG.integers(0, 60000, (3, 64, 64), dtype=np.uint16))
+    _ome(inbox / "drop" / "img.zarr", levels, "0.5")
+    served = tmp_path / "served"
+    served.mkdir()
+    server = start_server(served, extra=("--add-source-root", inbox))
+    client = TensorFlightClient(server.location)
+    result = client.register_local_path(str(inbox / "drop"))
+    assert {"drop.raw", "drop.img", "drop.img.0", "drop.img.1", "drop.img.2"} <= set(result.added)
+    assert np.array_equal(client.get_tensor("drop.raw").compute(), arr[...])
+    got = client.get_tensor("drop.img", scale_hint=[1, 4, 4], reduction_method="precompute").compute()
+    assert np.array_equal(got, levels[2])
