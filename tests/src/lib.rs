@@ -21,7 +21,7 @@ use prost_types::FieldMask;
 use tessera_proto::pb::{FlightRequest, SliceHint, TensorReadOption, flight_request};
 use tessera_server::Daemon;
 use tessera_server::LoopbackPlans;
-use tessera_server::config::ServeConfig;
+use tessera_server::config::{Settings, Size};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -122,7 +122,7 @@ impl TestServer {
     /// the fine grid.
     pub async fn start_with(
         paths: Vec<PathBuf>,
-        configure: impl FnOnce(&mut ServeConfig),
+        configure: impl FnOnce(&mut Settings),
     ) -> TestServer {
         Self::start_on(Grid::Fine, paths, configure).await
     }
@@ -132,23 +132,24 @@ impl TestServer {
     pub async fn start_on(
         grid: Grid,
         paths: Vec<PathBuf>,
-        configure: impl FnOnce(&mut ServeConfig),
+        configure: impl FnOnce(&mut Settings),
     ) -> TestServer {
         let cache_dir = tempfile::tempdir().unwrap();
-        let mut config = ServeConfig::new(
+        let mut config = Settings::new(
             paths,
             "127.0.0.1:0".parse().unwrap(),
             cache_dir.path().join("cache"),
         );
         // The fine grid alone, unless the scenario runs on the coarse grid of loopback reads
         // that map (docs/decisions/0015), set below once the scenario chose its target.
-        config.mapped_chunk_target = 0;
+        config.chunks.mapped_chunk_target = Size::bytes(0);
         configure(&mut config);
         if grid == Grid::Coarse {
-            config.mapped_chunk_target = (config.chunk_target * COARSE_FACTOR).min(64 << 20);
-            config.loopback_plans = LoopbackPlans::Mapped;
+            config.chunks.mapped_chunk_target =
+                Size::bytes((config.chunks.chunk_target.get() * COARSE_FACTOR).min(64 << 20));
+            config.chunks.loopback_plans = LoopbackPlans::Mapped;
         }
-        let chunk_target = config.chunk_target;
+        let chunk_target = config.chunks.chunk_target.get();
         let daemon = Daemon::bind(&config).await.expect("server starts");
         let addr = daemon.local_addr().unwrap();
         let metrics_addr = daemon.metrics_addr();
