@@ -103,7 +103,7 @@ pub struct TestServer {
     pub grid: Grid,
     /// Its fine grid's chunk target.
     pub chunk_target: u64,
-    /// The cache directory's parent (removed when the server is dropped, unless
+    /// The parent of the cache and state directories (removed when the server is dropped, unless
     /// [`TestServer::stop_keeping_cache`] took it).
     cache_dir: Option<tempfile::TempDir>,
     /// The `/metrics` address, when the configuration asked for one.
@@ -140,6 +140,9 @@ impl TestServer {
             "127.0.0.1:0".parse().unwrap(),
             cache_dir.path().join("cache"),
         );
+        // A state directory of its own: a shared one would hand its lock and its book of
+        // source ids to whichever server of a parallel run came first.
+        config.writes.state_dir = cache_dir.path().join("state");
         // The fine grid alone, unless the scenario runs on the coarse grid of loopback reads
         // that map (docs/decisions/0015), set below once the scenario chose its target.
         config.chunks.mapped_chunk_target = Size::bytes(0);

@@ -10,6 +10,7 @@ use tessera_segments::{Store, StoreError, StoreOptions};
 use tokio::net::TcpListener;
 
 use crate::chunks::{ChunkService, ChunkStore, MemoryStore, SegmentFiles};
+use crate::error::NoAnnotations;
 use crate::metrics::{Metered, Metrics};
 use crate::ops::config::blocks::{CacheValues, WritesValues};
 use crate::ops::config::{CacheKind, Settings};
@@ -419,23 +420,21 @@ async fn note_served_annotations(state: Arc<ServiceState>) {
 fn open_annotations(
     writes: &WritesValues,
     state_dir: Option<&StateDir>,
-) -> Result<Arc<Annotations>, String> {
+) -> Result<Arc<Annotations>, Arc<NoAnnotations>> {
     let Some(dir) = state_dir else {
-        return Err(format!(
-            "the state directory {} is held by another server; give this one its own with \
-             --state-dir DIR (or TESSERA_STATE_DIR)",
-            writes.state_dir.display()
-        ));
+        return Err(Arc::new(NoAnnotations::StateDirHeld {
+            dir: writes.state_dir.clone(),
+        }));
     };
     let opened = dir
         .part("annotations")
-        .map_err(|e| e.to_string())
+        .map_err(NoAnnotations::Part)
         .and_then(|part| {
             let limits = RoiLimits {
                 cache_bytes: usize::try_from(writes.annotation_cache.get()).unwrap_or(usize::MAX),
                 ..RoiLimits::default()
             };
-            Annotations::open(&part, limits).map_err(|e| e.to_string())
+            Annotations::open(&part, limits).map_err(NoAnnotations::Open)
         });
     match opened {
         Ok(rois) => {
@@ -444,7 +443,7 @@ fn open_annotations(
         }
         Err(why) => {
             tracing::warn!(error = %why, "serving without ROI annotations");
-            Err(why)
+            Err(Arc::new(why))
         }
     }
 }
