@@ -197,7 +197,8 @@ impl ServeArgs {
 }
 
 /// What `tessera serve` resolved: every block with its defaults filled in, and the sources.
-/// It has the config file's shape, so `tessera config check` prints it by serializing it.
+/// The daemon reads it block by block; it has the config file's shape, so `tessera config
+/// check` prints it by serializing it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Settings {
     /// The plain source paths (`sources`, or the command line's).
