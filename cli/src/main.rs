@@ -7,7 +7,7 @@ use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
 use tessera_cli::{errors, put, warm};
 use tessera_server::Daemon;
-use tessera_server::config::{LogFormat, ServeArgs, ServeConfig, Settings};
+use tessera_server::config::{LogFormat, ServeArgs, Settings};
 use tracing_subscriber::EnvFilter;
 
 /// Tessera serves N-dimensional arrays (.npy) over Arrow Flight, speaking the biopb
@@ -224,28 +224,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Serve(args) => {
-            let config = ServeConfig::resolve(*args).context("invalid configuration")?;
-            init_logging(cli.log_format.unwrap_or(config.log_format));
-            if config.paths.is_empty() {
+            let settings = Settings::resolve(*args).context("invalid configuration")?;
+            init_logging(cli.log_format.unwrap_or(settings.operations.log_format));
+            if settings.served_paths.is_empty() {
                 tracing::warn!(
                     "no sources given: pass .npy files, Zarr stores or directories to serve"
                 );
             }
             let stop = stop_signal();
-            let missing: Vec<String> = config
-                .paths
+            let missing: Vec<String> = settings
+                .served_paths
                 .iter()
                 .filter(|p| !p.exists())
                 .map(|p| p.display().to_string())
                 .collect();
-            if !missing.is_empty() && !config.watch_requested {
+            if !missing.is_empty() && !settings.watch_requested {
                 anyhow::bail!(
                     "source path {} does not exist; check the path, or pass --watch to serve it \
                      once it appears",
                     missing.join(", ")
                 );
             }
-            let daemon = Daemon::bind(&config)
+            let daemon = Daemon::bind(&settings)
                 .await
                 .context("cannot start the server")?;
             daemon.run(stop).await.context("server failed")?;

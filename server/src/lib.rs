@@ -51,7 +51,7 @@ pub use grid::scaled::{Method, Scale};
 pub use grid::{
     ChunkGrid, DEFAULT_TARGET_CHUNK_BYTES, GridError, MAX_CHUNK_BYTES, Region, element_range,
 };
-pub use ops::config::{self, CacheKind, LogFormat, ServeArgs, ServeConfig, Settings};
+pub use ops::config::{self, CacheKind, LogFormat, ServeArgs, Settings};
 pub use ops::daemon::{Daemon, DaemonError};
 pub use rois::db::StoredRoi;
 pub use rois::rows;

@@ -25,7 +25,7 @@ use crate::grid::route::{Route, RoutePlanner};
 use crate::metrics::Metrics;
 use crate::source::registry::Tensor;
 use crate::source::sources::{LookupError, Sources};
-use crate::source::{HeldLocation, SourceError, SourceErrorKind};
+use crate::source::{HeldLocation, SourceError};
 use crate::uploads::{UploadError, Uploads, is_upload_id};
 
 /// The request path over the service's collaborators (built by
@@ -188,7 +188,7 @@ async fn held<T: Send + 'static>(
     + 'static,
 ) -> ServiceResult<T> {
     tokio::task::spawn_blocking(move || match tensor.source.held_chunks() {
-        Some(held) => ask(held, &id).map_err(held_error),
+        Some(held) => ask(held, &id).map_err(ServiceError::from),
         None => Err(Fault::HeldChunksGone {
             array_id: id.array_id().to_string(),
         }
@@ -201,26 +201,15 @@ async fn held<T: Send + 'static>(
     })?
 }
 
-/// How a refused read of held chunks travels: its words as they are.
-fn held_error(err: SourceError) -> ServiceError {
-    let text = err.to_string();
-    match err.kind() {
-        SourceErrorKind::Changed => ServiceError::Stale(text),
-        SourceErrorKind::Busy => ServiceError::Unavailable(text),
-        SourceErrorKind::Refused => ServiceError::InvalidArgument(text),
-        SourceErrorKind::Failed => ServiceError::Internal(text),
-    }
-}
-
 /// Checks a chunk id against the tensor whose chunks the chunk service decodes: its
 /// content version current, its region a cell of one of the grids (for a scaled chunk, of
 /// a grid enlarged by the scale, which must fit the tensor and not ask 'area' of bools).
 fn check_decoded_chunk(tensor: &Tensor, id: &ChunkId) -> ServiceResult<()> {
     if id.version() != tensor.version {
-        return Err(ServiceError::Stale(format!(
-            "chunk of '{}' was planned against another version of the source; plan the read again",
-            id.array_id()
-        )));
+        return Err(RequestError::TicketStale {
+            array_id: id.array_id().to_string(),
+        }
+        .into());
     }
     let is_chunk = match id.scale() {
         None => tensor.grid_of(id.region()).is_some(),

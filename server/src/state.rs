@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use crate::catalog::tree::{Level, TreeIndex};
 use crate::catalog::{self, Catalog, CatalogLimits};
 use crate::chunks::ChunkService;
-use crate::error::{ServiceError, ServiceResult};
+use crate::error::{Fault, NoAnnotations, NotServed, ServiceResult, Unavailable};
 use crate::grid::route::{LoopbackPlans, RoutePlanner};
 use crate::grid::scaled::pyramid::PyramidPolicy;
 use crate::metrics::Metrics;
@@ -47,7 +47,7 @@ pub struct ServiceState {
     /// Where users' data lives, when this server holds it.
     state_dir: Option<Arc<StateDir>>,
     /// The ROI annotation store, or why there is none.
-    annotations: Result<Arc<Annotations>, String>,
+    annotations: Result<Arc<Annotations>, Arc<NoAnnotations>>,
     /// The uploads kept in the state directory.
     uploads: Option<Arc<Uploads>>,
 }
@@ -69,9 +69,7 @@ impl ServiceState {
             tree: Mutex::new(None),
             writable: false,
             state_dir: None,
-            annotations: Err(
-                "this server has no state directory to keep annotations in".to_string()
-            ),
+            annotations: Err(Arc::new(NoAnnotations::NoStateDir)),
             uploads: None,
         }
     }
@@ -83,16 +81,19 @@ impl ServiceState {
     }
 
     /// Keeps ROI annotations in `annotations`, or refuses them with the reason given.
-    pub fn with_annotations(mut self, annotations: Result<Arc<Annotations>, String>) -> Self {
+    pub fn with_annotations(
+        mut self,
+        annotations: Result<Arc<Annotations>, Arc<NoAnnotations>>,
+    ) -> Self {
         self.annotations = annotations;
         self
     }
 
     /// The ROI annotation store; UNAVAILABLE, naming why, when there is none.
     pub fn annotations(&self) -> ServiceResult<Arc<Annotations>> {
-        self.annotations.clone().map_err(|why| {
-            ServiceError::Unavailable(format!("ROI annotations are unavailable: {why}"))
-        })
+        self.annotations
+            .clone()
+            .map_err(|why| Unavailable::Annotations(why).into())
     }
 
     /// Serves the uploads kept in the state directory (READY ones are readable even when
@@ -105,16 +106,16 @@ impl ServiceState {
     /// The uploads, for a call that writes: refused on a read-only server, naming the flag.
     pub fn uploads_for_write(&self, call: &str) -> ServiceResult<&Arc<Uploads>> {
         if !self.writable {
-            return Err(ServiceError::Unsupported(format!(
-                "{call} refused: this server is read-only; start it with --writable \
-                 (TESSERA_WRITABLE=true, or writable = true in its config file) to accept uploads"
-            )));
+            return Err(NotServed::ReadOnly {
+                call: call.to_string(),
+            }
+            .into());
         }
         self.uploads.as_ref().ok_or_else(|| {
-            ServiceError::Unavailable(format!(
-                "{call} refused: this server has no usable state directory to keep uploads in \
-                 (see its log; choose one with --state-dir DIR)"
-            ))
+            Unavailable::NoStateDir {
+                call: call.to_string(),
+            }
+            .into()
         })
     }
 
@@ -231,8 +232,9 @@ impl ServiceState {
     /// (`SOURCE_ROW_COLUMNS`: what `resolve` answers), after resolving it as a read would:
     /// an unknown id or a refused file is refused the same way.
     pub fn source_row(&self, source_id: &str) -> ServiceResult<RecordBatch> {
-        let failed = |e: arrow_schema::ArrowError| {
-            ServiceError::Internal(format!("building the row of '{source_id}': {e}"))
+        let failed = |e: arrow_schema::ArrowError| Fault::SourceRow {
+            source_id: source_id.to_string(),
+            source: Arc::new(e),
         };
         let tensor = self.resolve(source_id)?;
         let snapshot = catalog::Snapshot::of_source(&self.sources.read(), &tensor.source_id);
@@ -243,7 +245,7 @@ impl ServiceState {
             .map(|name| schema.index_of(name))
             .collect::<Result<Vec<_>, _>>()
             .map_err(failed)?;
-        batch.project(&columns).map_err(failed)
+        Ok(batch.project(&columns).map_err(failed)?)
     }
 
     /// Sets the caps on bytes held by unread chunk replies (defaults: [`UnreadLimits::default`]).
@@ -309,7 +311,7 @@ impl ServiceState {
             let store = Arc::clone(&rois);
             let rows = tokio::task::spawn_blocking(move || store.count())
                 .await
-                .map_err(|e| ServiceError::Internal(format!("counting annotations: {e}")))??;
+                .map_err(|e| Fault::task("counting annotations", e))??;
             snapshot = snapshot.with_rois(rois, rows);
         }
         Ok(self.catalog.query(&snapshot, sql).await?)

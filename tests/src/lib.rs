@@ -21,7 +21,7 @@ use prost_types::FieldMask;
 use tessera_proto::pb::{FlightRequest, SliceHint, TensorReadOption, flight_request};
 use tessera_server::Daemon;
 use tessera_server::LoopbackPlans;
-use tessera_server::config::ServeConfig;
+use tessera_server::config::{Settings, Size};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -103,7 +103,7 @@ pub struct TestServer {
     pub grid: Grid,
     /// Its fine grid's chunk target.
     pub chunk_target: u64,
-    /// The cache directory's parent (removed when the server is dropped, unless
+    /// The parent of the cache and state directories (removed when the server is dropped, unless
     /// [`TestServer::stop_keeping_cache`] took it).
     cache_dir: Option<tempfile::TempDir>,
     /// The `/metrics` address, when the configuration asked for one.
@@ -122,7 +122,7 @@ impl TestServer {
     /// the fine grid.
     pub async fn start_with(
         paths: Vec<PathBuf>,
-        configure: impl FnOnce(&mut ServeConfig),
+        configure: impl FnOnce(&mut Settings),
     ) -> TestServer {
         Self::start_on(Grid::Fine, paths, configure).await
     }
@@ -132,23 +132,27 @@ impl TestServer {
     pub async fn start_on(
         grid: Grid,
         paths: Vec<PathBuf>,
-        configure: impl FnOnce(&mut ServeConfig),
+        configure: impl FnOnce(&mut Settings),
     ) -> TestServer {
         let cache_dir = tempfile::tempdir().unwrap();
-        let mut config = ServeConfig::new(
+        let mut config = Settings::new(
             paths,
             "127.0.0.1:0".parse().unwrap(),
             cache_dir.path().join("cache"),
         );
+        // A state directory of its own: a shared one would hand its lock and its book of
+        // source ids to whichever server of a parallel run came first.
+        config.writes.state_dir = cache_dir.path().join("state");
         // The fine grid alone, unless the scenario runs on the coarse grid of loopback reads
         // that map (docs/decisions/0015), set below once the scenario chose its target.
-        config.mapped_chunk_target = 0;
+        config.chunks.mapped_chunk_target = Size::bytes(0);
         configure(&mut config);
         if grid == Grid::Coarse {
-            config.mapped_chunk_target = (config.chunk_target * COARSE_FACTOR).min(64 << 20);
-            config.loopback_plans = LoopbackPlans::Mapped;
+            config.chunks.mapped_chunk_target =
+                Size::bytes((config.chunks.chunk_target.get() * COARSE_FACTOR).min(64 << 20));
+            config.chunks.loopback_plans = LoopbackPlans::Mapped;
         }
-        let chunk_target = config.chunk_target;
+        let chunk_target = config.chunks.chunk_target.get();
         let daemon = Daemon::bind(&config).await.expect("server starts");
         let addr = daemon.local_addr().unwrap();
         let metrics_addr = daemon.metrics_addr();

@@ -3,8 +3,10 @@
 //! Every layer refuses or fails with an error of its own, keeping its cause
 //! (`#[source]`): the wire's own refusals ([`RequestError`], [`NotServed`]), the token
 //! check ([`TokenError`]), the wire's server faults ([`Fault`]), the catalog
-//! ([`CatalogError`]), annotations ([`RoiError`]), uploads ([`UploadError`]) and runtime
-//! sources ([`RuntimeError`]). [`ServiceError`] wraps them, and [`ServiceError::classify`]
+//! ([`CatalogError`]), annotations ([`RoiError`]), uploads ([`UploadError`]), runtime
+//! sources ([`RuntimeError`]), the chunk layer ([`ChunkError`]), a source's held chunks
+//! ([`SourceError`]) and what the server cannot do now ([`Unavailable`]). [`ServiceError`]
+//! wraps them, and [`ServiceError::classify`]
 //! is the one exhaustive `match` that gives each its gRPC code, Arrow detail and
 //! `extra_info`; the message is the wrapped error's own text.
 //!
@@ -24,9 +26,11 @@
 
 pub mod refusal;
 mod token;
+mod unavailable;
 
 pub use refusal::{NotServed, RequestError};
 pub use token::TokenError;
+pub use unavailable::{NoAnnotations, Unavailable};
 
 use std::sync::Arc;
 
@@ -43,6 +47,7 @@ use crate::rois::RoiError;
 use crate::rois::db::RoiDbError;
 use crate::source::runtime::RuntimeError;
 use crate::source::sources::LookupError;
+use crate::source::{SourceError, SourceErrorKind};
 use crate::uploads::{State, UploadError};
 
 /// Everything a Flight call can fail with.
@@ -77,24 +82,17 @@ pub enum ServiceError {
     /// A failure of the wire itself: encoding a reply, a task that died.
     #[error(transparent)]
     Fault(#[from] Fault),
-    /// The request was malformed or asked for something impossible, as a layer without an
-    /// error type of its own words it.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// A chunk ticket that was valid once, but its source changed since the plan.
-    #[error("{0}")]
-    Stale(String),
-    /// A well-formed request for something this server does not offer, as a layer without
-    /// an error type of its own words it.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The server cannot answer now (shutting down, overloaded, source deleted).
-    #[error("{0}")]
-    Unavailable(String),
-    /// A server-side failure (I/O error, broken cache, bug), as a layer without an error
-    /// type of its own words it.
-    #[error("{0}")]
-    Internal(String),
+    /// A chunk could not be made or read (its class depends on why: see
+    /// [`ServiceError::classify`]).
+    #[error(transparent)]
+    Chunk(#[from] ChunkError),
+    /// A source that holds its chunks (an upload) could not locate or read one.
+    #[error(transparent)]
+    Source(Arc<SourceError>),
+    /// The server cannot answer now for a reason of its own (no state directory, no
+    /// annotation store).
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
     /// An addressing or argument refusal of a call whose client code converts no Flight
     /// error (the `resolve` action: `resolve_source`), which users must still meet as
     /// `ValueError`, as on reads: sent as a bare INVALID_ARGUMENT (no Arrow trailers, no
@@ -145,6 +143,15 @@ pub enum Fault {
         /// The tensor.
         array_id: String,
     },
+    /// The `sources` row of a source could not be built.
+    #[error("building the row of '{source_id}': {source}")]
+    SourceRow {
+        /// The source.
+        source_id: String,
+        /// Arrow's error.
+        #[source]
+        source: Arc<ArrowError>,
+    },
     /// A DoGet reached the Flight service without passing the chunk route.
     #[error("DoGet reached the Flight service without the chunk route that decodes its ticket")]
     NoChunkRoute,
@@ -173,6 +180,12 @@ impl Fault {
             what,
             source: Arc::new(source),
         }
+    }
+}
+
+impl From<SourceError> for ServiceError {
+    fn from(err: SourceError) -> Self {
+        ServiceError::Source(Arc::new(err))
     }
 }
 
@@ -287,9 +300,31 @@ impl ServiceError {
                 LookupError::Refused(_) => bad_request(),
                 LookupError::Unavailable(_) => UNAVAILABLE,
             },
-            Self::Stale(_) => not_found("stale_chunk"),
-            Self::Request(_) | Self::InvalidArgument(_) => bad_request(),
-            Self::NotServed(_) | Self::Unsupported(_) | Self::Catalog(_) => FAILED,
+            Self::Request(RequestError::TicketStale { .. }) => not_found("stale_chunk"),
+            Self::Request(_) => bad_request(),
+            Self::NotServed(_) | Self::Catalog(_) => FAILED,
+            Self::Chunk(err) => match err {
+                ChunkError::SizeOverflow => bad_request(),
+                ChunkError::SourceChanged { .. } => not_found("stale_chunk"),
+                ChunkError::SourceBusy { .. }
+                | ChunkError::Abandoned { .. }
+                | ChunkError::OverBudget { .. }
+                | ChunkError::ShuttingDown => UNAVAILABLE,
+                ChunkError::SourceRead { .. }
+                | ChunkError::SourceShort { .. }
+                | ChunkError::Reduce { .. }
+                | ChunkError::DecodeTask { .. }
+                | ChunkError::StoredUnreadable { .. }
+                | ChunkError::Encode { .. }
+                | ChunkError::Schema { .. }
+                | ChunkError::StoreRead { .. } => INTERNAL,
+            },
+            Self::Source(err) => match err.kind() {
+                SourceErrorKind::Changed => not_found("stale_chunk"),
+                SourceErrorKind::Busy => UNAVAILABLE,
+                SourceErrorKind::Refused => bad_request(),
+                SourceErrorKind::Failed => INTERNAL,
+            },
             Self::Runtime(err) => match &**err {
                 RuntimeError::Disabled => FAILED,
                 _ => bad_request(),
@@ -335,7 +370,7 @@ impl ServiceError {
                 }
             },
             Self::Unavailable(_) => UNAVAILABLE,
-            Self::Fault(_) | Self::Internal(_) => INTERNAL,
+            Self::Fault(_) => INTERNAL,
         }
     }
 
@@ -354,8 +389,17 @@ impl ServiceError {
                 | LookupError::Refused(_),
             )
             | Self::Request(_)
-            | Self::InvalidArgument(_)
-            | Self::Stale(_) => Self::Value(Box::new(self)),
+            | Self::Chunk(ChunkError::SizeOverflow | ChunkError::SourceChanged { .. }) => {
+                Self::Value(Box::new(self))
+            }
+            Self::Source(ref err)
+                if matches!(
+                    err.kind(),
+                    SourceErrorKind::Changed | SourceErrorKind::Refused
+                ) =>
+            {
+                Self::Value(Box::new(self))
+            }
             other => other,
         }
     }
@@ -420,30 +464,6 @@ fn bounded(mut message: String) -> String {
 /// Shorthand for results of the service.
 pub type ServiceResult<T> = Result<T, ServiceError>;
 
-/// The chunk layer's failures on the wire: the source's state and the server's limits are
-/// the caller's to act on (plan again, retry), the rest are the server's faults.
-impl From<ChunkError> for ServiceError {
-    fn from(err: ChunkError) -> Self {
-        let message = err.to_string();
-        match err {
-            ChunkError::SizeOverflow => Self::InvalidArgument(message),
-            ChunkError::SourceChanged { .. } => Self::Stale(message),
-            ChunkError::SourceBusy { .. }
-            | ChunkError::Abandoned { .. }
-            | ChunkError::OverBudget { .. }
-            | ChunkError::ShuttingDown => Self::Unavailable(message),
-            ChunkError::SourceRead { .. }
-            | ChunkError::SourceShort { .. }
-            | ChunkError::Reduce { .. }
-            | ChunkError::DecodeTask { .. }
-            | ChunkError::StoredUnreadable { .. }
-            | ChunkError::Encode { .. }
-            | ChunkError::Schema { .. }
-            | ChunkError::StoreRead { .. } => Self::Internal(message),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -471,7 +491,7 @@ mod tests {
         assert!(status.metadata().get("x-arrow-status").is_none());
         assert!(status.details().is_empty());
         // Server faults keep their own class.
-        let internal = ServiceError::Internal("disk".to_string()).into_value_error();
+        let internal = ServiceError::from(Fault::NoChunkRoute).into_value_error();
         assert_eq!(Status::from(internal).code(), Code::Internal);
     }
 
@@ -505,6 +525,54 @@ mod tests {
             off.message().contains("add_source_roots"),
             "{}",
             off.message()
+        );
+    }
+
+    #[test]
+    fn typed_causes_keep_their_text_and_their_class() {
+        let stale = Status::from(ServiceError::from(RequestError::TicketStale {
+            array_id: "a".to_string(),
+        }));
+        assert_eq!(stale.code(), Code::Unknown);
+        assert!(String::from_utf8_lossy(stale.details()).contains("stale_chunk"));
+        assert!(
+            stale.message().starts_with(
+                "chunk of 'a' was planned against another version of the source; plan the read again"
+            ),
+            "{}",
+            stale.message()
+        );
+
+        let closing = Status::from(ServiceError::from(ChunkError::ShuttingDown));
+        assert_eq!(closing.code(), Code::Unavailable);
+        let overflow = ServiceError::from(ChunkError::SizeOverflow).into_value_error();
+        assert_eq!(Status::from(overflow).code(), Code::InvalidArgument);
+
+        let held = ServiceError::from(SourceError::new(SourceErrorKind::Busy, "being written"));
+        assert_eq!(Status::from(held).code(), Code::Unavailable);
+
+        let read_only = Status::from(ServiceError::from(NotServed::ReadOnly {
+            call: "add_tensor".to_string(),
+        }));
+        assert_eq!(read_only.code(), Code::Unknown);
+        assert!(read_only.details().is_empty());
+        assert!(
+            read_only.message().contains("--writable"),
+            "{}",
+            read_only.message()
+        );
+
+        let none = ServiceError::from(Unavailable::Annotations(Arc::new(
+            NoAnnotations::NoStateDir,
+        )));
+        assert!(std::error::Error::source(&none).is_some());
+        let none = Status::from(none);
+        assert_eq!(none.code(), Code::Unavailable);
+        assert!(
+            none.message()
+                .starts_with("ROI annotations are unavailable: this server has no state directory"),
+            "{}",
+            none.message()
         );
     }
 

@@ -368,6 +368,15 @@ pub enum RequestError {
         /// The tensor.
         array_id: String,
     },
+    /// A chunk ticket planned against another content version of its source; it travels
+    /// as NOT_FOUND `stale_chunk`, so the client plans again.
+    #[error(
+        "chunk of '{array_id}' was planned against another version of the source; plan the read again"
+    )]
+    TicketStale {
+        /// The tensor.
+        array_id: String,
+    },
     /// A chunk ticket whose region is not a cell of any of the tensor's grids.
     #[error("chunk ticket region {start:?}..{stop:?} is not a chunk of '{array_id}'")]
     TicketNotACell {
@@ -392,6 +401,15 @@ pub enum NotServed {
     /// DoExchange.
     #[error("DoExchange is not supported by Tessera")]
     DoExchange,
+    /// A write (an upload) to a server started read-only.
+    #[error(
+        "{call} refused: this server is read-only; start it with --writable \
+         (TESSERA_WRITABLE=true, or writable = true in its config file) to accept uploads"
+    )]
+    ReadOnly {
+        /// The refused call.
+        call: String,
+    },
     /// An action name this server does not know. The text must contain `Unknown action`
     /// so clients stop probing.
     #[error("Unknown action: {name}")]

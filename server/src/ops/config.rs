@@ -5,8 +5,8 @@
 //! flag, its environment variable and its file key; [`ServeArgs`] gathers the blocks with
 //! the source paths. [`Settings::resolve`] merges flags over the file, block by block, fills
 //! in the defaults and checks each block; `tessera config check` prints those [`Settings`]
-//! ([`effective`]), and [`ServeConfig`] is what the daemon reads from them. Every key, flag
-//! and environment variable is documented in `docs/configuration.md` (a test holds the two
+//! ([`effective`]), and the daemon reads them, block by block. Every key, flag and
+//! environment variable is documented in `docs/configuration.md` (a test holds the two
 //! together).
 
 use std::collections::BTreeMap;
@@ -16,13 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::grid::route::LoopbackPlans;
-use crate::grid::scaled::pyramid::PyramidPolicy;
-use crate::ops::scrape::ScrapeLimits;
 use crate::source::registry::{SourceOptions, SourceSpec};
-use crate::source::runtime::RuntimeRoots;
-use crate::unread::UnreadLimits;
-use crate::uploads::UploadLimits;
 use crate::wire::listener::SeatLimits;
 
 pub mod blocks;
@@ -203,7 +197,8 @@ impl ServeArgs {
 }
 
 /// What `tessera serve` resolved: every block with its defaults filled in, and the sources.
-/// It has the config file's shape, so `tessera config check` prints it by serializing it.
+/// The daemon reads it block by block; it has the config file's shape, so `tessera config
+/// check` prints it by serializing it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Settings {
     /// The plain source paths (`sources`, or the command line's).
@@ -280,6 +275,31 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The defaults of every block, serving `paths`, listening on `listen`, caching in
+    /// `cache_dir`, not watching its sources: what an embedded server (a test) starts from
+    /// before it changes a block's field.
+    pub fn new(paths: Vec<PathBuf>, listen: SocketAddr, cache_dir: PathBuf) -> Settings {
+        let mut settings = Settings::filled(ServeArgs {
+            paths,
+            ..ServeArgs::default()
+        });
+        settings.listener.listen = listen;
+        settings.cache.dir = cache_dir;
+        settings.sources.watch = false;
+        settings
+    }
+
+    /// The served paths with their options (a `[[source]]` table's), in order.
+    pub fn source_specs(&self) -> Vec<SourceSpec> {
+        self.served_paths
+            .iter()
+            .map(|path| SourceSpec {
+                path: path.clone(),
+                options: self.source_options.get(path).cloned().unwrap_or_default(),
+            })
+            .collect()
+    }
+
     /// Every block of `args` with its defaults filled in, unchecked; no TLS (paired by
     /// [`Settings::resolve`]) and no source options (read by it).
     fn filled(args: ServeArgs) -> Settings {
@@ -331,91 +351,6 @@ fn tls_pair(tls: blocks::TlsValues) -> Result<Option<TlsPaths>, ConfigError> {
     }
 }
 
-/// The effective configuration of a server: what the daemon reads, taken from the resolved
-/// [`Settings`].
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    /// Source paths: `sources` then the `[[source]]` tables', or the command line's.
-    pub paths: Vec<PathBuf>,
-    /// Listen address.
-    pub listen: SocketAddr,
-    /// Cache kind.
-    pub cache: CacheKind,
-    /// Cache directory.
-    pub cache_dir: PathBuf,
-    /// File cache budget.
-    pub cache_max_bytes: u64,
-    /// Memory cache budget.
-    pub memory_cache_bytes: u64,
-    /// Allow a network filesystem for the cache.
-    pub allow_network_cache: bool,
-    /// Token, if any.
-    pub token: Option<String>,
-    /// Target chunk size.
-    pub chunk_target: u64,
-    /// Target chunk size of plans mapped by local clients (0 or at most `chunk_target`:
-    /// the same grid for every route).
-    pub mapped_chunk_target: u64,
-    /// How loopback plans pick their grid (see `--loopback-plans`).
-    pub loopback_plans: LoopbackPlans,
-    /// Read-ahead budget in bytes (0: off).
-    pub read_ahead_bytes: u64,
-    /// Stability window of sources (see `--settle-window`).
-    pub settle_window: Duration,
-    /// Connections held at once (see `--max-connections`).
-    pub max_connections: usize,
-    /// Time a new connection has to start speaking (see `--handshake-timeout`).
-    pub handshake_timeout: Duration,
-    /// Caps on bytes held by unread replies (see `--max-pinned`).
-    pub unread: UnreadLimits,
-    /// TLS certificate chain and key (PEM files), if the server speaks TLS.
-    pub tls: Option<TlsPaths>,
-    /// Cache files readable by the server's group (0640) rather than its user only (0600).
-    pub cache_group_readable: bool,
-    /// Id alias and axis labels of configured paths (keys as in `paths`).
-    pub source_options: BTreeMap<PathBuf, SourceOptions>,
-    /// Rescan the sources periodically (the default).
-    pub watch: bool,
-    /// Watching was asked for by a flag, variable or config key, not only defaulted: a
-    /// source path that does not exist yet is then awaited rather than an error.
-    pub watch_requested: bool,
-    /// Time between rescans.
-    pub watch_interval: Duration,
-    /// Address of the Prometheus `/metrics` endpoint, if any.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Log line format (the `--log-format` flag, applied by the binary, wins).
-    pub log_format: LogFormat,
-    /// The pyramid descriptors advertise (`[pyramid]`, `--pyramid-method`).
-    pub pyramid: PyramidPolicy,
-    /// Where `add_source` may register paths from.
-    pub runtime: RuntimeRoots,
-    /// Clients may write (uploads).
-    pub writable: bool,
-    /// Directory of users' data (uploads, annotations).
-    pub state_dir: PathBuf,
-    /// Longest lifetime of an upload to the scratch source (`upload_max_ttl`).
-    pub upload_max_ttl: Duration,
-    /// Bounds on the uploads: their number and open stores (`upload_max_count`,
-    /// `upload_open_stores`), their grids and the chunks being received (`max_upload_*`).
-    pub upload_limits: UploadLimits,
-    /// Connections one peer address may hold (`None`: half of `max_connections`).
-    pub max_connections_per_peer: Option<usize>,
-    /// Idle time after which a connection may be closed for a new one.
-    pub reclaim_idle_after: Duration,
-    /// Bounds of the `/metrics` endpoint's connections.
-    pub metrics_limits: ScrapeLimits,
-    /// Serve configured files whose path leads out of their configured folder.
-    pub follow_links_outside: bool,
-    /// Most sources served at once (`max_sources`).
-    pub max_sources: usize,
-    /// Most descriptors of sources held open at once (`max_open_sources`).
-    pub max_open_sources: usize,
-    /// Page cache of the annotation database (`annotation_cache`).
-    pub annotation_cache_bytes: u64,
-    /// Memory scaled decodes may hold, all together (`max_scaled_decode_memory`).
-    pub max_scaled_decode_bytes: u64,
-}
-
 /// Where the TLS certificate chain and its private key are.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TlsPaths {
@@ -423,120 +358,6 @@ pub struct TlsPaths {
     pub cert: PathBuf,
     /// PEM private key of the leaf.
     pub key: PathBuf,
-}
-
-impl From<Settings> for ServeConfig {
-    fn from(settings: Settings) -> ServeConfig {
-        let seats = settings.seat_limits();
-        let Settings {
-            listener,
-            unread_replies,
-            chunks,
-            sources,
-            writes,
-            operations,
-            cache,
-            tls,
-            pyramid,
-            watch_requested,
-            served_paths,
-            source_options,
-            ..
-        } = settings;
-        let cache_max_bytes = cache.max_bytes.get();
-        ServeConfig {
-            paths: served_paths,
-            listen: listener.listen,
-            cache: cache.kind,
-            cache_dir: cache.dir,
-            cache_max_bytes,
-            memory_cache_bytes: DEFAULT_MEMORY_CACHE_BYTES.min(cache_max_bytes.max(1 << 20)),
-            allow_network_cache: cache.allow_network,
-            token: listener.token,
-            chunk_target: chunks.chunk_target.get(),
-            mapped_chunk_target: chunks.mapped_chunk_target.get(),
-            loopback_plans: chunks.loopback_plans,
-            read_ahead_bytes: chunks.read_ahead.get(),
-            settle_window: chunks.settle_window.get(),
-            max_connections: listener.max_connections,
-            handshake_timeout: listener.handshake_timeout.get(),
-            unread: UnreadLimits {
-                max_bytes: unread_replies.max_pinned.get(),
-                max_connection_bytes: unread_replies.max_pinned_per_connection.get(),
-                stream_idle_timeout: unread_replies.stream_idle_timeout.get(),
-            },
-            tls,
-            cache_group_readable: cache.group_readable,
-            source_options,
-            watch: sources.watch,
-            watch_requested,
-            watch_interval: sources.watch_interval.get(),
-            metrics_listen: operations.metrics_listen,
-            log_format: operations.log_format,
-            pyramid: pyramid.policy(),
-            runtime: RuntimeRoots {
-                roots: sources.add_source_roots,
-                max_files: sources.add_source_max_files,
-            },
-            writable: writes.writable,
-            upload_max_ttl: writes.upload_max_ttl.get(),
-            upload_limits: writes.upload_limits(),
-            annotation_cache_bytes: writes.annotation_cache.get(),
-            state_dir: writes.state_dir,
-            max_connections_per_peer: listener.max_connections_per_peer,
-            reclaim_idle_after: seats.reclaim_idle_after,
-            metrics_limits: ScrapeLimits {
-                max_connections: operations.metrics_max_connections,
-                timeout: operations.metrics_timeout.get(),
-            },
-            follow_links_outside: sources.follow_links_outside,
-            max_sources: sources.max_sources,
-            max_open_sources: sources.max_open_sources,
-            max_scaled_decode_bytes: chunks.max_scaled_decode_memory.get(),
-        }
-    }
-}
-
-impl ServeConfig {
-    /// A configuration with defaults for `paths`, listening on `listen`, caching in
-    /// `cache_dir`, not watching its sources.
-    pub fn new(paths: Vec<PathBuf>, listen: SocketAddr, cache_dir: PathBuf) -> Self {
-        let mut config = ServeConfig::from(Settings::filled(ServeArgs::default()));
-        config.paths = paths;
-        config.listen = listen;
-        config.cache_dir = cache_dir;
-        config.watch = false;
-        config
-    }
-
-    /// Resolves `args` ([`Settings::resolve`]) into what the daemon reads.
-    pub fn resolve(args: ServeArgs) -> Result<ServeConfig, ConfigError> {
-        Settings::resolve(args).map(ServeConfig::from)
-    }
-
-    /// The seats of the Flight listener: `max_connections`, of which one peer may hold
-    /// `max_connections_per_peer` (half, rounded up, when unset).
-    pub fn seat_limits(&self) -> SeatLimits {
-        SeatLimits {
-            max_connections: self.max_connections,
-            max_per_peer: self
-                .max_connections_per_peer
-                .unwrap_or(self.max_connections.div_ceil(2))
-                .clamp(1, self.max_connections.max(1)),
-            reclaim_idle_after: self.reclaim_idle_after,
-        }
-    }
-
-    /// The configured paths with their options, in order.
-    pub fn sources(&self) -> Vec<SourceSpec> {
-        self.paths
-            .iter()
-            .map(|path| SourceSpec {
-                path: path.clone(),
-                options: self.source_options.get(path).cloned().unwrap_or_default(),
-            })
-            .collect()
-    }
 }
 
 /// `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`, else a folder in the temp dir.
@@ -617,17 +438,17 @@ mod tests {
             config: Some(path),
             ..Default::default()
         };
-        let config = ServeConfig::resolve(args).unwrap();
-        assert_eq!(config.listen.port(), 2);
-        assert_eq!(config.chunk_target, 4 << 20);
-        assert_eq!(config.cache, CacheKind::Memory);
+        let config = Settings::resolve(args).unwrap();
+        assert_eq!(config.listener.listen.port(), 2);
+        assert_eq!(config.chunks.chunk_target.get(), 4 << 20);
+        assert_eq!(config.cache.kind, CacheKind::Memory);
     }
 
-    fn resolve_file(text: &str, args: ServeArgs) -> Result<ServeConfig, ConfigError> {
+    fn resolve_file(text: &str, args: ServeArgs) -> Result<Settings, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.toml");
         std::fs::write(&path, text).unwrap();
-        ServeConfig::resolve(ServeArgs {
+        Settings::resolve(ServeArgs {
             config: Some(path),
             ..args
         })
@@ -643,7 +464,7 @@ mod tests {
             ServeArgs::default(),
         )
         .unwrap();
-        let sources = config.sources();
+        let sources = config.source_specs();
         let paths: Vec<_> = sources.iter().map(|s| s.path.to_str().unwrap()).collect();
         assert_eq!(paths, ["/d/plain", "/d/a.npy", "/d/dir"]);
         assert_eq!(sources[1].options.id.as_deref(), Some("alpha"));
@@ -652,23 +473,26 @@ mod tests {
             Some(vec!["y".to_string(), "x".to_string()])
         );
         assert_eq!(sources[0].options, SourceOptions::default());
-        assert!(config.watch && config.watch_requested);
-        assert_eq!(config.watch_interval, Duration::from_millis(250));
-        assert_eq!(config.metrics_listen.unwrap().port(), 9100);
-        assert_eq!(config.log_format, LogFormat::Json);
+        assert!(config.sources.watch && config.watch_requested);
+        assert_eq!(
+            config.sources.watch_interval.get(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(config.operations.metrics_listen.unwrap().port(), 9100);
+        assert_eq!(config.operations.log_format, LogFormat::Json);
     }
 
     #[test]
     fn defaults_apply_when_the_file_is_silent() {
         let config = resolve_file("", ServeArgs::default()).unwrap();
-        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
-        assert!(config.watch, "directories are watched by default");
+        assert_eq!(config.listener.listen.to_string(), DEFAULT_LISTEN);
+        assert!(config.sources.watch, "directories are watched by default");
         assert!(!config.watch_requested);
-        assert_eq!(config.watch_interval, DEFAULT_WATCH_INTERVAL);
-        assert_eq!(config.metrics_listen, None);
-        assert_eq!(config.log_format, LogFormat::Text);
-        assert_eq!(config.chunk_target, DEFAULT_TARGET_CHUNK_BYTES);
-        assert_eq!(config.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+        assert_eq!(config.sources.watch_interval.get(), DEFAULT_WATCH_INTERVAL);
+        assert_eq!(config.operations.metrics_listen, None);
+        assert_eq!(config.operations.log_format, LogFormat::Text);
+        assert_eq!(config.chunks.chunk_target.get(), DEFAULT_TARGET_CHUNK_BYTES);
+        assert_eq!(config.cache.max_bytes.get(), DEFAULT_CACHE_MAX_BYTES);
     }
 
     #[test]
@@ -692,10 +516,10 @@ mod tests {
             args,
         )
         .unwrap();
-        assert!(!config.watch, "--watch=false beats watch = true");
-        assert_eq!(config.watch_interval, Duration::from_secs(5));
-        assert_eq!(config.metrics_listen.unwrap().port(), 7);
-        let sources = config.sources();
+        assert!(!config.sources.watch, "--watch=false beats watch = true");
+        assert_eq!(config.sources.watch_interval.get(), Duration::from_secs(5));
+        assert_eq!(config.operations.metrics_listen.unwrap().port(), 7);
+        let sources = config.source_specs();
         assert_eq!(
             sources.len(),
             1,
@@ -742,19 +566,22 @@ mod tests {
             ServeArgs::default(),
         )
         .unwrap();
-        assert_eq!(config.runtime.roots, [PathBuf::from("/data/inbox")]);
-        assert_eq!(config.runtime.max_files, 7);
-        assert!(!config.follow_links_outside);
-        assert_eq!(config.max_sources, DEFAULT_MAX_SOURCES);
+        assert_eq!(
+            config.sources.runtime_roots().roots,
+            [PathBuf::from("/data/inbox")]
+        );
+        assert_eq!(config.sources.runtime_roots().max_files, 7);
+        assert!(!config.sources.follow_links_outside);
+        assert_eq!(config.sources.max_sources, DEFAULT_MAX_SOURCES);
         let limits = resolve_file(
             "follow_links_outside = true\nmax_sources = 9\nmax_open_sources = 3\n",
             ServeArgs::default(),
         )
         .unwrap();
-        assert!(limits.follow_links_outside);
-        assert_eq!(limits.max_sources, 9);
-        assert_eq!(limits.max_open_sources, 3);
-        let supplied = config.sources()[0].options.supplied.clone().unwrap();
+        assert!(limits.sources.follow_links_outside);
+        assert_eq!(limits.sources.max_sources, 9);
+        assert_eq!(limits.sources.max_open_sources, 3);
+        let supplied = config.source_specs()[0].options.supplied.clone().unwrap();
         assert_eq!(supplied.physical_scale, Some(vec![0.5, 0.1]));
         assert_eq!(supplied.metadata.as_ref().unwrap()["objective"], "60x");
         let flags = ServeArgs {
@@ -765,7 +592,10 @@ mod tests {
             ..Default::default()
         };
         let config = resolve_file("add_source_roots = [\"/file/root\"]\n", flags).unwrap();
-        assert_eq!(config.runtime.roots, [PathBuf::from("/flag/root")]);
+        assert_eq!(
+            config.sources.runtime_roots().roots,
+            [PathBuf::from("/flag/root")]
+        );
 
         let err = |text: &str| {
             resolve_file(text, ServeArgs::default())
@@ -804,7 +634,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let err = ServeConfig::resolve(half).unwrap_err().to_string();
+        let err = Settings::resolve(half).unwrap_err().to_string();
         assert!(err.contains("--tls-key"), "{err}");
         let config = resolve_file(
             "[tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n[cache]\ngroup_readable = true\n",
@@ -812,11 +642,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.tls.unwrap().key, PathBuf::from("/k.pem"));
-        assert!(config.cache_group_readable);
+        assert!(config.cache.group_readable);
         assert!(
-            !ServeConfig::resolve(ServeArgs::default())
+            !Settings::resolve(ServeArgs::default())
                 .unwrap()
-                .cache_group_readable
+                .cache
+                .group_readable
         );
     }
 }

@@ -10,8 +10,10 @@ use tessera_segments::{Store, StoreError, StoreOptions};
 use tokio::net::TcpListener;
 
 use crate::chunks::{ChunkService, ChunkStore, MemoryStore, SegmentFiles};
+use crate::error::NoAnnotations;
 use crate::metrics::{Metered, Metrics};
-use crate::ops::config::{CacheKind, ServeConfig};
+use crate::ops::config::blocks::{CacheValues, WritesValues};
+use crate::ops::config::{CacheKind, Settings};
 use crate::ops::scrape::MetricsServer;
 use crate::ops::watch::Watcher;
 use crate::rois::{Annotations, RoiLimits};
@@ -109,53 +111,56 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Opens the cache, scans the sources and binds the listen address.
-    pub async fn bind(config: &ServeConfig) -> Result<Daemon, DaemonError> {
-        if let Some(token) = &config.token {
+    /// Opens the cache, scans the sources and binds the listen address, as the resolved
+    /// `settings` say.
+    pub async fn bind(settings: &Settings) -> Result<Daemon, DaemonError> {
+        let listen = settings.listener.listen;
+        let token = settings.listener.token.clone();
+        if let Some(token) = &token {
             validate_token(token)?;
-        } else if !config.listen.ip().is_loopback() {
-            return Err(DaemonError::ExposedWithoutToken(config.listen));
-        } else if let Some(addr) = config.metrics_listen
+        } else if !listen.ip().is_loopback() {
+            return Err(DaemonError::ExposedWithoutToken(listen));
+        } else if let Some(addr) = settings.operations.metrics_listen
             && !addr.ip().is_loopback()
         {
             return Err(DaemonError::MetricsExposedWithoutToken(addr));
         }
-        let tls = match &config.tls {
+        let tls = match &settings.tls {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
             None => None,
         };
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| DaemonError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| DaemonError::Bind {
+                addr: listen,
+                source,
+            })?;
         let scheme = if tls.is_some() { "grpcs" } else { "grpc" };
         let holder = match listener.local_addr() {
             Ok(addr) => format!("listening on {scheme}://{addr}"),
-            Err(_) => format!("listening on {scheme}://{}", config.listen),
+            Err(_) => format!("listening on {scheme}://{listen}"),
         };
-        let store = open_store(config, &holder)?;
-        let state_dir = open_state_dir(config, &holder)?;
-        let annotations = open_annotations(config, state_dir.as_deref());
-        let uploads = open_uploads(config, state_dir.as_deref())?;
+        let (chunks, sources, writes) = (&settings.chunks, &settings.sources, &settings.writes);
+        let store = open_store(&settings.cache, &holder)?;
+        let state_dir = open_state_dir(writes, &holder)?;
+        let annotations = open_annotations(writes, state_dir.as_deref());
+        let uploads = open_uploads(settings, state_dir.as_deref())?;
         let options = OpenOptions {
             limits: Limits::default(),
-            target_chunk_bytes: config.chunk_target,
-            mapped_chunk_bytes: config.mapped_chunk_target,
-            follow_links_outside: config.follow_links_outside,
-            max_sources: config.max_sources,
+            target_chunk_bytes: chunks.chunk_target.get(),
+            mapped_chunk_bytes: chunks.mapped_chunk_target.get(),
+            follow_links_outside: sources.follow_links_outside,
+            max_sources: sources.max_sources,
         };
-        crate::source::npy::handles::set_max_open(config.max_open_sources);
-        let sources = config.sources();
-        let watcher = config
+        crate::source::npy::handles::set_max_open(sources.max_open_sources);
+        let specs = settings.source_specs();
+        let watcher = sources
             .watch
-            .then(|| Watcher::new(sources.clone(), options.clone(), config.watch_interval));
+            .then(|| Watcher::new(specs.clone(), options.clone(), sources.watch_interval.get()));
         let scan_options = options.clone();
         let ids = source_ids(state_dir.as_deref());
         let (registry, _problems) = tokio::task::spawn_blocking(move || {
-            Registry::scan_with_ids(&sources, &scan_options, ids)
+            Registry::scan_with_ids(&specs, &scan_options, ids)
         })
         .await
         .unwrap_or_else(|e| {
@@ -167,20 +172,19 @@ impl Daemon {
             .max(2);
         // The one handle everything records into and `/metrics` encodes.
         let metrics = Metrics::new();
-        let chunks = ChunkService::new(store, config.memory_cache_bytes, decoders)
-            .with_read_ahead(config.read_ahead_bytes)
-            .with_settle_window(config.settle_window)
-            .with_scaled_decode_budget(config.max_scaled_decode_bytes)
+        let service = ChunkService::new(store, settings.cache.memory_bytes(), decoders)
+            .with_read_ahead(chunks.read_ahead.get())
+            .with_settle_window(chunks.settle_window.get())
+            .with_scaled_decode_budget(chunks.max_scaled_decode_memory.get())
             .with_metrics(metrics.clone());
-        let chunks = Arc::new(chunks);
         let state = Arc::new(
-            ServiceState::new(registry, options, chunks)
-                .with_unread_limits(config.unread)
-                .with_loopback_plans(config.loopback_plans)
-                .with_pyramid(config.pyramid.clone())
+            ServiceState::new(registry, options, Arc::new(service))
+                .with_unread_limits(settings.unread_replies.limits())
+                .with_loopback_plans(chunks.loopback_plans)
+                .with_pyramid(settings.pyramid.policy())
                 .with_metrics(metrics)
-                .with_runtime_roots(config.runtime.clone())
-                .with_writes(config.writable, state_dir)
+                .with_runtime_roots(sources.runtime_roots())
+                .with_writes(writes.writable, state_dir)
                 .with_annotations(annotations)
                 .with_uploads(uploads),
         );
@@ -188,9 +192,9 @@ impl Daemon {
         // The catalog tree of the first scan, built before the first call needs it.
         let _ = tokio::task::spawn_blocking(move || tree_state.catalog_tree()).await;
         state.scan_status().finish();
-        let metrics_server = match config.metrics_listen {
+        let metrics_server = match settings.operations.metrics_listen {
             Some(addr) => Some(
-                MetricsServer::bind(addr, config.metrics_limits, config.token.clone())
+                MetricsServer::bind(addr, settings.operations.scrape_limits(), token.clone())
                     .await
                     .map_err(|source| DaemonError::Bind { addr, source })?,
             ),
@@ -199,11 +203,11 @@ impl Daemon {
         Ok(Daemon {
             listener,
             admission: Admission {
-                seats: config.seat_limits(),
-                handshake_timeout: config.handshake_timeout,
+                seats: settings.seat_limits(),
+                handshake_timeout: settings.listener.handshake_timeout.get(),
             },
             state,
-            token: config.token.clone(),
+            token,
             tls,
             metrics_server,
             watcher,
@@ -348,18 +352,18 @@ fn read_hint(state: &ServiceState, location: &str) -> String {
 /// The state directory, locked for this server. A writable server refuses to start without
 /// it; a read-only one serves without (what needs it is then refused, naming the reason).
 fn open_state_dir(
-    config: &ServeConfig,
+    writes: &WritesValues,
     holder: &str,
 ) -> Result<Option<Arc<StateDir>>, DaemonError> {
-    match StateDir::open(&config.state_dir) {
+    match StateDir::open(&writes.state_dir) {
         Ok(dir) => {
             if let Err(err) = dir.note_holder(holder) {
                 tracing::warn!(error = %err, "cannot note the listen address in the state directory's lock file");
             }
-            tracing::info!(dir = %config.state_dir.display(), writable = config.writable, "state directory open");
+            tracing::info!(dir = %writes.state_dir.display(), writable = writes.writable, "state directory open");
             Ok(Some(Arc::new(dir)))
         }
-        Err(err) if config.writable => Err(DaemonError::StateDir(err)),
+        Err(err) if writes.writable => Err(DaemonError::StateDir(err)),
         Err(err) => {
             tracing::warn!(error = %err, "serving without a state directory");
             Ok(None)
@@ -414,25 +418,23 @@ async fn note_served_annotations(state: Arc<ServiceState>) {
 /// The ROI annotation store in the state directory's `annotations` part, or why this server
 /// keeps none (annotation calls are then refused UNAVAILABLE with that reason).
 fn open_annotations(
-    config: &ServeConfig,
+    writes: &WritesValues,
     state_dir: Option<&StateDir>,
-) -> Result<Arc<Annotations>, String> {
+) -> Result<Arc<Annotations>, Arc<NoAnnotations>> {
     let Some(dir) = state_dir else {
-        return Err(format!(
-            "the state directory {} is held by another server; give this one its own with \
-             --state-dir DIR (or TESSERA_STATE_DIR)",
-            config.state_dir.display()
-        ));
+        return Err(Arc::new(NoAnnotations::StateDirHeld {
+            dir: writes.state_dir.clone(),
+        }));
     };
     let opened = dir
         .part("annotations")
-        .map_err(|e| e.to_string())
+        .map_err(NoAnnotations::Part)
         .and_then(|part| {
             let limits = RoiLimits {
-                cache_bytes: usize::try_from(config.annotation_cache_bytes).unwrap_or(usize::MAX),
+                cache_bytes: usize::try_from(writes.annotation_cache.get()).unwrap_or(usize::MAX),
                 ..RoiLimits::default()
             };
-            Annotations::open(&part, limits).map_err(|e| e.to_string())
+            Annotations::open(&part, limits).map_err(NoAnnotations::Open)
         });
     match opened {
         Ok(rois) => {
@@ -441,7 +443,7 @@ fn open_annotations(
         }
         Err(why) => {
             tracing::warn!(error = %why, "serving without ROI annotations");
-            Err(why)
+            Err(Arc::new(why))
         }
     }
 }
@@ -449,7 +451,7 @@ fn open_annotations(
 /// The uploads kept in the state directory's `uploads` part. A failure stops a
 /// `--writable` server; a read-only one serves without them.
 fn open_uploads(
-    config: &ServeConfig,
+    settings: &Settings,
     state_dir: Option<&StateDir>,
 ) -> Result<Option<Arc<Uploads>>, DaemonError> {
     let Some(dir) = state_dir else {
@@ -461,14 +463,14 @@ fn open_uploads(
         .and_then(|part| {
             Ok(Uploads::open(
                 &part,
-                config.chunk_target,
-                config.upload_max_ttl,
-                config.upload_limits,
+                settings.chunks.chunk_target.get(),
+                settings.writes.upload_max_ttl.get(),
+                settings.writes.upload_limits(),
             )?)
         });
     match opened {
         Ok(uploads) => Ok(Some(uploads)),
-        Err(err) if config.writable => Err(err),
+        Err(err) if settings.writes.writable => Err(err),
         Err(err) => {
             tracing::warn!(error = %err, "serving without the uploads of the state directory");
             Ok(None)
@@ -476,30 +478,26 @@ fn open_uploads(
     }
 }
 
-/// The chunk store the configuration asks for: the segment files, or RAM when the
-/// configuration says so or the cache directory is refused (a lock held by another
-/// process is an error instead: two daemons must not share a directory by accident).
-/// `holder` (where this server listens) is noted in the lock file for the next one refused.
-fn open_store(config: &ServeConfig, holder: &str) -> Result<Arc<dyn ChunkStore>, DaemonError> {
+/// The chunk store the `[cache]` settings ask for: the segment files, or RAM when they say
+/// so or the cache directory is refused (a lock held by another process is an error
+/// instead: two daemons must not share a directory by accident). `holder` (where this
+/// server listens) is noted in the lock file for the next one refused.
+fn open_store(cache: &CacheValues, holder: &str) -> Result<Arc<dyn ChunkStore>, DaemonError> {
     let memory = |reason: String| {
-        MemoryStore::new(config.memory_cache_bytes, reason)
+        MemoryStore::new(cache.memory_bytes(), reason)
             .map(|store| Arc::new(store) as Arc<dyn ChunkStore>)
             .map_err(|e| DaemonError::Cache(e.to_string()))
     };
-    if config.cache == CacheKind::Memory {
+    if cache.kind == CacheKind::Memory {
         return memory("this server runs with a memory cache (--cache memory)".to_string());
     }
-    let options = StoreOptions::new(config.cache_dir.clone())
-        .with_max_bytes(config.cache_max_bytes)
-        .with_allow_network_fs(config.allow_network_cache)
-        .with_file_mode(if config.cache_group_readable {
-            0o640
-        } else {
-            0o600
-        });
+    let options = StoreOptions::new(cache.dir.clone())
+        .with_max_bytes(cache.max_bytes.get())
+        .with_allow_network_fs(cache.allow_network)
+        .with_file_mode(if cache.group_readable { 0o640 } else { 0o600 });
     match Store::open(options) {
         Ok(store) => {
-            tracing::info!(dir = %config.cache_dir.display(), "file cache open");
+            tracing::info!(dir = %cache.dir.display(), "file cache open");
             if let Err(err) = store.note_holder(holder) {
                 tracing::warn!(error = %err, "cannot note the listen address in the lock file");
             }

@@ -10,6 +10,7 @@ use prost::Message;
 use tessera_e2e::located::{Located, decode_located};
 use tessera_e2e::*;
 use tessera_proto::pb::TensorDescriptor;
+use tessera_server::config::Size;
 
 const SHAPE: [u64; 3] = [12, 256, 256];
 
@@ -33,8 +34,8 @@ async fn coarse_and_fine_plans_serve_the_same_bytes_by_both_routes() {
     write_npy(&dir.path().join("vol.npy"), "<u2", &SHAPE, &data);
     // Planes are 128 KiB: the fine grid cuts one plane per chunk, the mapped grid four.
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |c| {
-        c.chunk_target = 128 << 10;
-        c.mapped_chunk_target = 512 << 10;
+        c.chunks.chunk_target = Size::bytes(128 << 10);
+        c.chunks.mapped_chunk_target = Size::bytes(512 << 10);
     })
     .await;
     let mut client = server.client().await;
@@ -160,9 +161,9 @@ async fn a_memory_cache_plans_every_read_on_the_fine_grid() {
         &pattern(12 * 256 * 256 * 2, 3),
     );
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |c| {
-        c.chunk_target = 128 << 10;
-        c.mapped_chunk_target = 512 << 10;
-        c.cache = tessera_server::config::CacheKind::Memory;
+        c.chunks.chunk_target = Size::bytes(128 << 10);
+        c.chunks.mapped_chunk_target = Size::bytes(512 << 10);
+        c.cache.kind = tessera_server::config::CacheKind::Memory;
     })
     .await;
     let mut client = server.client().await;

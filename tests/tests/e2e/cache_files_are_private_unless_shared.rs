@@ -10,6 +10,7 @@ use std::path::Path;
 
 use tessera_e2e::located::Located;
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 /// Modes of every file under the cache's `segments/` directory.
 fn segment_modes(cache: &Path) -> Vec<(String, u32)> {
@@ -42,8 +43,8 @@ async fn cache_a_chunk(group_readable: bool) -> (Vec<(String, u32)>, CacheModes)
     let dir = tempfile::tempdir().unwrap();
     write_npy(&dir.path().join("p.npy"), "<u2", &[4096], &pattern(8192, 8));
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |c| {
-        c.cache_group_readable = group_readable;
-        c.chunk_target = 1024;
+        c.cache.group_readable = group_readable;
+        c.chunks.chunk_target = Size::bytes(1024);
     })
     .await;
     let mut client = server.client().await;

@@ -12,6 +12,7 @@ use arrow_flight::FlightClient;
 use tessera_e2e::located::{Located, decode_located};
 use tessera_e2e::*;
 use tessera_server::LoopbackPlans;
+use tessera_server::config::Size;
 
 /// 30 rows of 1,000 bytes.
 const SHAPE: [u64; 2] = [30, 1000];
@@ -20,10 +21,10 @@ const SHAPE: [u64; 2] = [30, 1000];
 /// 5-row coarse ones (every third fine cell straddles two coarse cells), caching in `cache`.
 async fn start(source: &Path, cache: PathBuf, plans: LoopbackPlans) -> TestServer {
     TestServer::start_with(vec![source.to_path_buf()], |c| {
-        c.chunk_target = 3000;
-        c.mapped_chunk_target = 5000;
-        c.loopback_plans = plans;
-        c.cache_dir = cache;
+        c.chunks.chunk_target = Size::bytes(3000);
+        c.chunks.mapped_chunk_target = Size::bytes(5000);
+        c.chunks.loopback_plans = plans;
+        c.cache.dir = cache;
     })
     .await
 }

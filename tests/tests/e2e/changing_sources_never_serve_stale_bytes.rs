@@ -12,6 +12,7 @@ use std::time::Duration;
 use arrow_flight::{FlightClient, Ticket};
 use futures::TryStreamExt;
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 const SHAPE: [u64; 2] = [256, 1024];
 
@@ -32,7 +33,7 @@ async fn refused(client: &mut FlightClient, ticket: Ticket) -> tonic::Status {
 
 async fn start(grid: Grid, path: &std::path::Path) -> TestServer {
     TestServer::start_on(grid, vec![path.to_path_buf()], |c| {
-        c.chunk_target = 16 << 10
+        c.chunks.chunk_target = Size::bytes(16 << 10)
     })
     .await
 }
@@ -210,8 +211,8 @@ async fn repeated_rewrites_while_reading_never_mix_versions(grid: Grid) {
     // rewrites (with the default 1 s window every read during the rewrites waits or is
     // refused as "being written"; docs/decisions/0011).
     let server = TestServer::start_on(grid, vec![path.clone()], |c| {
-        c.chunk_target = 16 << 10;
-        c.settle_window = Duration::from_millis(10);
+        c.chunks.chunk_target = Size::bytes(16 << 10);
+        c.chunks.settle_window = Duration::from_millis(10).into();
     })
     .await;
     let versions: Arc<Vec<Vec<u8>>> = Arc::new((0..VERSIONS).map(version).collect());

@@ -8,6 +8,7 @@ use std::os::unix::fs::MetadataExt;
 
 use arrow_ipc::reader::StreamReader;
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 async fn located_bytes_are_the_chunk_message(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
@@ -15,7 +16,7 @@ async fn located_bytes_are_the_chunk_message(grid: Grid) {
     let data = pattern(3 * 50 * 40 * 8, 5);
     write_npy(&dir.path().join("c.npy"), "<c8", &shape, &data);
     let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
-        c.chunk_target = 8_000
+        c.chunks.chunk_target = Size::bytes(8_000)
     })
     .await;
     let mut client = server.client().await;
@@ -82,7 +83,7 @@ async fn memory_cache_answers_unavailable_and_still_serves_do_get() {
     let data = pattern(1000, 6);
     write_npy(&dir.path().join("m.npy"), "<i2", &[500], &data);
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |c| {
-        c.cache = tessera_server::config::CacheKind::Memory
+        c.cache.kind = tessera_server::config::CacheKind::Memory
     })
     .await;
     let mut client = server.client().await;

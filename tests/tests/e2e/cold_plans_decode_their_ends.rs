@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use arrow_flight::{FlightClient, FlightInfo};
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 /// 10 planes of 64 KiB: one chunk per plane at a 64 KiB target, on either grid.
 const SHAPE: [u64; 3] = [10, 64, 1024];
@@ -28,8 +29,8 @@ async fn start(grid: Grid, dir: &std::path::Path, read_ahead: u64) -> (TestServe
     let path = dir.join("vol.npy");
     write_npy(&path, "|u1", &SHAPE, &data);
     let server = TestServer::start_on(grid, vec![path], |c| {
-        c.chunk_target = grid.chunk_target_for(PLANE as u64);
-        c.read_ahead_bytes = read_ahead;
+        c.chunks.chunk_target = Size::bytes(grid.chunk_target_for(PLANE as u64));
+        c.chunks.read_ahead = Size::bytes(read_ahead);
     })
     .await;
     (server, data)

@@ -69,7 +69,7 @@ async fn concurrent_adds_serve_each_file_once_under_one_url() {
     fill(&inbox.path().join("y/data"), 150);
     let root = inbox.path().to_path_buf();
     let server = TestServer::start_with(Vec::new(), move |config| {
-        config.runtime.roots = vec![root];
+        config.sources.add_source_roots = vec![root];
     })
     .await;
     let mut client = server.client().await;

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 async fn concurrent_cold_requests_share_one_decode(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
@@ -10,8 +11,8 @@ async fn concurrent_cold_requests_share_one_decode(grid: Grid) {
     write_npy(&dir.path().join("big.npy"), "<u4", &[1 << 20], &data);
     // No read-ahead: the plan alone would start the decode these requests are to share.
     let server = TestServer::start_on(grid, vec![dir.path().join("big.npy")], |c| {
-        c.chunk_target = grid.chunk_target_for(4 << 20);
-        c.read_ahead_bytes = 0;
+        c.chunks.chunk_target = Size::bytes(grid.chunk_target_for(4 << 20));
+        c.chunks.read_ahead = Size::bytes(0);
     })
     .await;
     let mut client = server.client().await;

@@ -5,6 +5,7 @@
 use arrow_flight::Ticket;
 use tessera_e2e::*;
 use tessera_server::Region;
+use tessera_server::config::Size;
 use tessera_server::{ChunkId, ContentVersion};
 use tessera_server::{Method, Scale};
 
@@ -14,7 +15,7 @@ async fn forged_and_malformed_tickets_get_errors_and_the_server_keeps_serving(gr
     write_npy(&dir.path().join("a.npy"), "|u1", &[64, 64], &data);
     write_npy(&dir.path().join("b.npy"), "|u1", &[8, 8], &data[..64]);
     let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
-        c.chunk_target = grid.chunk_target_for(1024)
+        c.chunks.chunk_target = Size::bytes(grid.chunk_target_for(1024))
     })
     .await;
     let mut client = server.client().await;

@@ -12,9 +12,9 @@ use crate::sources_never_leave_their_roots::{add_source, read_all};
 async fn start(served: &Path, state: &Path, inbox: &Path) -> TestServer {
     let (state, inbox) = (state.to_path_buf(), inbox.to_path_buf());
     TestServer::start_with(vec![served.to_path_buf()], move |config| {
-        config.state_dir = state;
-        config.runtime.roots = vec![inbox];
-        config.settle_window = std::time::Duration::ZERO;
+        config.writes.state_dir = state;
+        config.sources.add_source_roots = vec![inbox];
+        config.chunks.settle_window = std::time::Duration::ZERO.into();
     })
     .await
 }

@@ -17,6 +17,7 @@ use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use tessera_e2e::located::{Located, decode_located};
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 /// 64 MiB of u8: eight 8 MiB chunks, on either grid.
 const SHAPE: [u64; 2] = [64, 1 << 20];
@@ -44,10 +45,10 @@ async fn start_settling(
     settle: Duration,
 ) -> TestServer {
     TestServer::start_on(grid, vec![path.to_path_buf()], |c| {
-        c.chunk_target = grid.chunk_target_for(CHUNK);
-        c.settle_window = settle;
+        c.chunks.chunk_target = Size::bytes(grid.chunk_target_for(CHUNK));
+        c.chunks.settle_window = settle.into();
         if let Some(dir) = cache {
-            c.cache_dir = dir;
+            c.cache.dir = dir;
         }
     })
     .await

@@ -7,6 +7,7 @@ use arrow_flight::FlightDescriptor;
 use arrow_flight::flight_descriptor::DescriptorType;
 use futures::TryStreamExt;
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 async fn list_flights_names_every_tensor_with_its_plan(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
@@ -14,7 +15,7 @@ async fn list_flights_names_every_tensor_with_its_plan(grid: Grid) {
     write_npy(&dir.path().join("a.npy"), "<i2", &[40, 30], &a);
     write_npy(&dir.path().join("b.npy"), "|u1", &[5], &[9, 8, 7, 6, 5]);
     let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
-        c.chunk_target = grid.chunk_target_for(600)
+        c.chunks.chunk_target = Size::bytes(grid.chunk_target_for(600))
     })
     .await;
     let mut client = server.client().await;

@@ -13,7 +13,8 @@ use arrow_flight::Ticket;
 use arrow_flight::decode::DecodedPayload;
 use futures::StreamExt;
 use tessera_e2e::*;
-use tessera_server::config::ServeConfig;
+use tessera_server::config::Settings;
+use tessera_server::config::Size;
 use tessera_server::{Daemon, DaemonError};
 use tessera_test_support::http::{http_request, http_request_with};
 
@@ -52,9 +53,9 @@ async fn scrape_counts_a_known_workload_exactly(grid: Grid) {
     let path = dir.path().join("m.npy");
     write_npy(&path, "<u2", &[64, 64], &pattern(64 * 64 * 2, 5));
     let server = TestServer::start_on(grid, vec![path], |config| {
-        config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-        config.chunk_target = grid.chunk_target_for(2048);
-        config.read_ahead_bytes = 0;
+        config.operations.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.chunks.chunk_target = Size::bytes(grid.chunk_target_for(2048));
+        config.chunks.read_ahead = Size::bytes(0);
     })
     .await;
     let metrics = server.metrics_addr.expect("metrics endpoint bound");
@@ -193,8 +194,8 @@ async fn scrapes_of_a_token_server_need_the_token() {
     let path = dir.path().join("m.npy");
     write_npy(&path, "|u1", &[8, 8], &pattern(64, 1));
     let server = TestServer::start_with(vec![path], |config| {
-        config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-        config.token = Some(TOKEN.to_string());
+        config.operations.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.listener.token = Some(TOKEN.to_string());
     })
     .await;
     let metrics = server.metrics_addr.expect("metrics endpoint bound");
@@ -226,12 +227,12 @@ async fn scrapes_of_a_token_server_need_the_token() {
 #[tokio::test]
 async fn public_metrics_without_a_token_are_refused_at_startup() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = ServeConfig::new(
+    let mut config = Settings::new(
         Vec::new(),
         "127.0.0.1:0".parse().unwrap(),
         dir.path().join("c"),
     );
-    config.metrics_listen = Some("0.0.0.0:0".parse().unwrap());
+    config.operations.metrics_listen = Some("0.0.0.0:0".parse().unwrap());
     let err = Daemon::bind(&config).await.err().expect("refused");
     assert!(
         matches!(err, DaemonError::MetricsExposedWithoutToken(_)),

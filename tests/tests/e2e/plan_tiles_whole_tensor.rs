@@ -5,6 +5,7 @@
 use prost::Message;
 use tessera_e2e::*;
 use tessera_proto::pb::TensorDescriptor;
+use tessera_server::config::Size;
 
 async fn whole_tensor_plan_tiles_and_serves_exact_bytes(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
@@ -13,7 +14,7 @@ async fn whole_tensor_plan_tiles_and_serves_exact_bytes(grid: Grid) {
     write_npy(&dir.path().join("vol.npy"), "<u2", &shape, &data);
     // A small target forces many chunks, including a split inside the planes.
     let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |c| {
-        c.chunk_target = 50_000
+        c.chunks.chunk_target = Size::bytes(50_000)
     })
     .await;
     let mut client = server.client().await;

@@ -3,12 +3,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 async fn rewritten_file_serves_new_bytes_under_new_ids(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r.npy");
     write_npy(&path, "<u2", &[64], &pattern(128, 9));
-    let server = TestServer::start_on(grid, vec![path.clone()], |c| c.chunk_target = 32).await;
+    let server = TestServer::start_on(grid, vec![path.clone()], |c| {
+        c.chunks.chunk_target = Size::bytes(32)
+    })
+    .await;
     let mut client = server.client().await;
     let old = client
         .get_flight_info(read_descriptor("r", None))

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use arrow_flight::{FlightClient, Ticket};
 use tessera_e2e::*;
+use tessera_server::config::Size;
 
 /// 10 planes of 64 KiB: one chunk per plane at a 64 KiB target, on either grid.
 const SHAPE: [u64; 3] = [10, 64, 1024];
@@ -42,8 +43,8 @@ impl Reader {
         let path = dir.path().join("vol.npy");
         write_npy(&path, "|u1", &SHAPE, &data);
         let server = TestServer::start_on(grid, vec![path], |c| {
-            c.chunk_target = grid.chunk_target_for(PLANE);
-            c.read_ahead_bytes = read_ahead;
+            c.chunks.chunk_target = Size::bytes(grid.chunk_target_for(PLANE));
+            c.chunks.read_ahead = Size::bytes(read_ahead);
         })
         .await;
         let mut client = server.client().await;

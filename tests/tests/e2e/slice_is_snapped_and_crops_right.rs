@@ -5,6 +5,7 @@
 use prost::Message;
 use tessera_e2e::*;
 use tessera_proto::pb::TensorDescriptor;
+use tessera_server::config::Size;
 
 async fn slices_are_realized_on_the_grid_and_crop_to_the_request(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
@@ -12,7 +13,7 @@ async fn slices_are_realized_on_the_grid_and_crop_to_the_request(grid: Grid) {
     let data = pattern(7 * 64 * 90 * 4, 2);
     write_npy(&dir.path().join("f.npy"), ">f4", &shape, &data);
     let server = TestServer::start_on(grid, vec![dir.path().join("f.npy")], |c| {
-        c.chunk_target = 8_000
+        c.chunks.chunk_target = Size::bytes(8_000)
     })
     .await;
     let mut client = server.client().await;

@@ -93,8 +93,8 @@ async fn links_retargeted_out_of_the_roots_are_refused_on_the_next_read() {
 
     let root = inbox.clone();
     let server = TestServer::start_with(vec![served.clone()], move |config| {
-        config.runtime.roots = vec![root];
-        config.settle_window = std::time::Duration::ZERO;
+        config.sources.add_source_roots = vec![root];
+        config.chunks.settle_window = std::time::Duration::ZERO.into();
     })
     .await;
     let mut client = server.client().await;

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tessera_e2e::*;
-use tessera_server::config::ServeConfig;
+use tessera_server::config::Settings;
 use tessera_server::{Daemon, DaemonError};
 
 const TOKEN: &str = "s3cret-token_0123456789";
@@ -13,7 +13,7 @@ async fn calls_need_the_token() {
     let dir = tempfile::tempdir().unwrap();
     write_npy(&dir.path().join("t.npy"), "|u1", &[4], &[1, 2, 3, 4]);
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |c| {
-        c.token = Some(TOKEN.to_string())
+        c.listener.token = Some(TOKEN.to_string())
     })
     .await;
 
@@ -69,7 +69,7 @@ async fn calls_need_the_token() {
 #[tokio::test]
 async fn public_listen_without_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let config = ServeConfig::new(
+    let config = Settings::new(
         Vec::new(),
         "0.0.0.0:0".parse().unwrap(),
         dir.path().join("c"),
@@ -78,12 +78,12 @@ async fn public_listen_without_token_is_refused() {
     assert!(matches!(err, DaemonError::ExposedWithoutToken(_)));
     assert!(err.to_string().contains("--token"), "{err}");
 
-    let mut bad = ServeConfig::new(
+    let mut bad = Settings::new(
         Vec::new(),
         "127.0.0.1:0".parse().unwrap(),
         dir.path().join("c"),
     );
-    bad.token = Some("short".to_string());
+    bad.listener.token = Some("short".to_string());
     assert!(matches!(
         Daemon::bind(&bad).await.err(),
         Some(DaemonError::BadToken(_))

@@ -6,8 +6,9 @@ use tessera_cli::remote::Credentials;
 use tessera_cli::warm::warm;
 use tessera_e2e::*;
 use tessera_server::Method;
-use tessera_server::PyramidPolicy;
 use tessera_server::config::CacheKind;
+use tessera_server::config::Size;
+use tessera_server::config::value::Reduction;
 
 async fn after_warm_locates_hit_without_decoding(grid: Grid) {
     let dir = tempfile::tempdir().unwrap();
@@ -19,7 +20,7 @@ async fn after_warm_locates_hit_without_decoding(grid: Grid) {
     );
     write_npy(&dir.path().join("w2.npy"), "<f8", &[300], &pattern(2400, 2));
     let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |config| {
-        config.chunk_target = grid.chunk_target_for(1024);
+        config.chunks.chunk_target = Size::bytes(grid.chunk_target_for(1024));
     })
     .await;
     let location = format!("grpc://{}", server.addr);
@@ -76,7 +77,7 @@ async fn memory_cache_is_warmed_over_do_get_and_unknown_ids_fail() {
     let dir = tempfile::tempdir().unwrap();
     write_npy(&dir.path().join("m.npy"), "<u2", &[64], &pattern(128, 3));
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |config| {
-        config.cache = CacheKind::Memory;
+        config.cache.kind = CacheKind::Memory;
     })
     .await;
     let location = format!("grpc://{}", server.addr);
@@ -110,15 +111,12 @@ async fn warm_levels_fills_the_advertised_pyramid_level(grid: Grid) {
         &pattern(60_000, 4),
     );
     let server = TestServer::start_on(grid, vec![dir.path().to_path_buf()], |config| {
-        config.chunk_target = grid.chunk_target_for(4096);
+        config.chunks.chunk_target = Size::bytes(grid.chunk_target_for(4096));
         // A small policy, so a small tensor has a computed level: [4, 8] here.
-        config.pyramid = PyramidPolicy {
-            method: Method::Area,
-            threshold: 64,
-            pixel_budget_cubic_root: 64,
-            plane_max_pixels: 4096,
-            ..PyramidPolicy::default()
-        };
+        config.pyramid.method = Reduction(Method::Area);
+        config.pyramid.threshold = 64;
+        config.pyramid.pixel_budget_cubic_root = 64;
+        config.pyramid.plane_max_pixels = 4096;
     })
     .await;
     let location = format!("grpc://{}", server.addr);

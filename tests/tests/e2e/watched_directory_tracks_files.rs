@@ -34,8 +34,8 @@ async fn added_changed_and_removed_files_follow_the_disk() {
     let dir = tempfile::tempdir().unwrap();
     write_npy(&dir.path().join("a.npy"), "<u2", &[32], &pattern(64, 1));
     let server = TestServer::start_with(vec![dir.path().to_path_buf()], |config| {
-        config.watch = true;
-        config.watch_interval = Duration::from_millis(50);
+        config.sources.watch = true;
+        config.sources.watch_interval = Duration::from_millis(50).into();
     })
     .await;
     let mut client = server.client().await;

@@ -18,8 +18,9 @@ use std::path::PathBuf;
 use super::value::{Duration, Reduction, Size};
 use super::{
     CacheKind, ConfigError, DEFAULT_ANNOTATION_CACHE_BYTES, DEFAULT_CACHE_MAX_BYTES,
-    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_RECLAIM_IDLE_AFTER,
-    DEFAULT_UPLOAD_MAX_TTL, LogFormat, default_cache_dir, default_state_dir,
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MEMORY_CACHE_BYTES,
+    DEFAULT_RECLAIM_IDLE_AFTER, DEFAULT_UPLOAD_MAX_TTL, LogFormat, default_cache_dir,
+    default_state_dir,
 };
 use crate::chunks::{
     DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
@@ -27,11 +28,11 @@ use crate::chunks::{
 use crate::grid::route::LoopbackPlans;
 use crate::grid::scaled::pyramid::PyramidPolicy;
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
-use crate::ops::scrape::{DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_TIMEOUT};
+use crate::ops::scrape::{DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_TIMEOUT, ScrapeLimits};
 use crate::ops::watch::DEFAULT_WATCH_INTERVAL;
 use crate::source::npy::handles::DEFAULT_MAX_OPEN;
 use crate::source::registry::DEFAULT_MAX_SOURCES;
-use crate::source::runtime::DEFAULT_MAX_FILES;
+use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
 use crate::unread::UnreadLimits;
 use crate::uploads::{MAX_IN_FLIGHT_LIMIT, UploadLimits};
 
@@ -156,6 +157,17 @@ settings_block! {
     }
 }
 
+impl UnreadRepliesValues {
+    /// The caps on bytes held by unread replies these settings give.
+    pub fn limits(&self) -> UnreadLimits {
+        UnreadLimits {
+            max_bytes: self.max_pinned.get(),
+            max_connection_bytes: self.max_pinned_per_connection.get(),
+            stream_idle_timeout: self.stream_idle_timeout.get(),
+        }
+    }
+}
+
 settings_block! {
     /// Chunks: the grids reads are planned on and how chunks are decoded.
     #[command(next_help_heading = "Chunks")]
@@ -273,6 +285,14 @@ impl SourcesValues {
             ));
         }
         Ok(())
+    }
+
+    /// Where `add_source` may register paths from, and how many files one call may add.
+    pub fn runtime_roots(&self) -> RuntimeRoots {
+        RuntimeRoots {
+            roots: self.add_source_roots.clone(),
+            max_files: self.add_source_max_files,
+        }
     }
 }
 
@@ -409,6 +429,14 @@ impl OperationsValues {
         }
         Ok(())
     }
+
+    /// The bounds on the `/metrics` endpoint's connections these settings give.
+    pub fn scrape_limits(&self) -> ScrapeLimits {
+        ScrapeLimits {
+            max_connections: self.metrics_max_connections,
+            timeout: self.metrics_timeout.get(),
+        }
+    }
 }
 
 settings_block! {
@@ -432,6 +460,14 @@ settings_block! {
         /// mmap them; other users' clients fall back to do_get.
         #[arg(long = "cache-group-readable", env = "TESSERA_CACHE_GROUP_READABLE", num_args = 0, default_missing_value = "true")]
         group_readable: bool = false,
+    }
+}
+
+impl CacheValues {
+    /// The memory cache's budget (the memory backend, and the fallback when the disk
+    /// fails): the default, but no more than the file cache's budget (at least 1 MiB).
+    pub fn memory_bytes(&self) -> u64 {
+        DEFAULT_MEMORY_CACHE_BYTES.min(self.max_bytes.get().max(1 << 20))
     }
 }
 

@@ -79,6 +79,12 @@ impl Duration {
     }
 }
 
+impl From<std::time::Duration> for Duration {
+    fn from(span: std::time::Duration) -> Duration {
+        Duration(span)
+    }
+}
+
 impl FromStr for Duration {
     type Err = ConfigError;
 
