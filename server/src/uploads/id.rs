@@ -1,5 +1,8 @@
 //! The names of uploaded tensors: `add_tensor` takes `cache://<source_id>/@fields/<name>`
-//! and answers (and is then addressed by) `<source_id>/@fields/<name>`.
+//! or `zarr://<source_id>/@fields/<name>` (the scheme is the store format, nothing else) and
+//! answers (and is then addressed by) `<source_id>/@fields/<name>`.
+
+use super::record::StoreFormat;
 
 /// The marked segment every uploaded tensor's id carries.
 pub const FIELDS_SEGMENT: &str = "@fields";
@@ -18,6 +21,8 @@ pub struct NewId {
     pub source_id: String,
     /// The tensor's name within it.
     pub name: String,
+    /// How its bytes are kept, as the scheme said.
+    pub format: StoreFormat,
 }
 
 impl NewId {
@@ -36,31 +41,29 @@ pub fn is_upload_id(array_id: &str) -> bool {
 
 /// Parses an `add_tensor` id; the error says what is wrong and what is expected.
 pub fn parse_new(id: &str) -> Result<NewId, String> {
-    let grammar = "use 'cache://<source_id>/@fields/<name>' (the 'scratch' source takes results \
-                   that belong to no served source)";
+    let grammar = "use 'cache://<source_id>/@fields/<name>' or 'zarr://<source_id>/@fields/<name>' \
+                   (the 'scratch' source takes results that belong to no served source)";
     let Some((scheme, rest)) = id.split_once("://") else {
         return Err(format!("'{id}' names no tensor to add: {grammar}"));
     };
-    if scheme == "zarr" {
-        return Err(format!(
-            "'{id}' asks for a Zarr store, which this server cannot write yet (no Zarr writer): \
-             upload with 'cache://' instead; Zarr label sets ('zarr://<image>/@labels/<name>') \
-             are not available yet either"
-        ));
-    }
-    if scheme != "cache" {
-        return Err(format!(
-            "'{id}': the store format '{scheme}://' is not available; {grammar}"
-        ));
-    }
+    let format = match scheme {
+        "cache" => StoreFormat::Cache,
+        "zarr" => StoreFormat::Zarr,
+        _ => {
+            return Err(format!(
+                "'{id}': the store format '{scheme}://' is not available; {grammar}"
+            ));
+        }
+    };
     let mut parts = rest.splitn(3, '/');
     let (Some(source_id), Some(segment), Some(name)) = (parts.next(), parts.next(), parts.next())
     else {
         return Err(format!("'{id}' names no tensor to add: {grammar}"));
     };
-    if segment == "@labels" {
+    if segment == "@labels" || name.contains("/@labels/") {
         return Err(format!(
-            "'{id}': label sets are not available yet (they need a Zarr writer); {grammar}"
+            "'{id}': Zarr label sets ('zarr://<array_id>/@labels/<name>') are not available \
+             yet; {grammar}"
         ));
     }
     if segment != FIELDS_SEGMENT || source_id.is_empty() {
@@ -82,6 +85,7 @@ pub fn parse_new(id: &str) -> Result<NewId, String> {
     Ok(NewId {
         source_id: source_id.to_string(),
         name: name.to_string(),
+        format,
     })
 }
 
@@ -90,7 +94,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cache_fields_parse_and_everything_else_is_refused_by_name() {
+    fn cache_and_zarr_fields_parse_and_everything_else_is_refused_by_name() {
         let id = parse_new("cache://scratch/@fields/seg-1.v2").ok();
         assert_eq!(
             id.as_ref().map(NewId::array_id).as_deref(),
@@ -98,9 +102,16 @@ mod tests {
         );
         assert!(is_upload_id("scratch/@fields/seg-1.v2"));
         assert!(!is_upload_id("scratch"));
+        assert_eq!(id.map(|id| id.format), Some(StoreFormat::Cache));
+        let zarr = parse_new("zarr://img/@fields/x").ok();
+        assert_eq!(
+            zarr.as_ref().map(NewId::array_id).as_deref(),
+            Some("img/@fields/x")
+        );
+        assert_eq!(zarr.map(|id| id.format), Some(StoreFormat::Zarr));
         let refused = |id: &str| parse_new(id).err().unwrap_or_default();
-        assert!(refused("zarr://img/@fields/x").contains("Zarr"));
         assert!(refused("zarr://img/@labels/cells").contains("not available yet"));
+        assert!(refused("zarr://img/@fields/x/@labels/cells").contains("Zarr label sets"));
         assert!(refused("s3://img/@fields/x").contains("'s3://'"));
         assert!(refused("scratch/@fields/x").contains("names no tensor"));
         assert!(refused("cache://scratch/x").contains("names no tensor"));

@@ -6,6 +6,8 @@
 //! ```text
 //! uploads/manifest.redb        records and acknowledged chunks (manifest)
 //! uploads/data/<uid:016x>/     one segment store per upload (data), removed on discard
+//! uploads/zarr/<uid:016x>/     a `zarr://` upload's Zarr v2 store (zarr_store), removed on
+//!                              discard
 //! ```
 //!
 //! A chunk is acknowledged only after its bytes are fsynced in the upload's store and its
@@ -22,6 +24,7 @@ mod manifest;
 mod open;
 mod record;
 mod source;
+mod zarr_store;
 mod zeros;
 
 use std::collections::HashMap;
@@ -39,9 +42,10 @@ pub use batch::arrow_type;
 pub use data::ChunkData;
 pub use error::UploadError;
 pub use id::{SCRATCH_SOURCE_ID, is_upload_id};
+use id::FIELDS_SEGMENT;
 pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits};
 pub use manifest::Manifest;
-pub use record::{State, UploadRecord};
+pub use record::{State, StoreFormat, UploadRecord};
 
 use crate::grid::chunk_id::{ChunkId, ContentVersion, UploadVersion};
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
@@ -49,6 +53,7 @@ use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};
 use open::{DataSlot, OpenStores};
 use record::{Move, Refusal};
+use zarr_store::ZarrStore;
 
 /// Largest tensor an upload may declare: 1 TiB.
 pub const MAX_UPLOAD_BYTES: u64 = 1 << 40;
@@ -101,12 +106,18 @@ pub struct Upload {
     /// Discarded (its storage removed) but the manifest could not record it yet (a full
     /// disk): the sweep writes the record once it can.
     unsaved: AtomicBool,
+    /// The Zarr v2 store of a `zarr://` upload.
+    zarr: Option<ZarrStore>,
+    /// A chunk was put in place in the Zarr store but its cell was not committed (the
+    /// manifest failed): the store is made to hold exactly the acknowledged chunks before
+    /// the upload is sealed.
+    zarr_unsynced: AtomicBool,
 }
 
 impl Upload {
     fn new(
         record: UploadRecord,
-        data_root: &Path,
+        roots: &Roots,
         limits: &UploadLimits,
         stores: &Arc<OpenStores>,
     ) -> Result<Upload, String> {
@@ -114,6 +125,25 @@ impl Upload {
         let grid =
             ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
                 .map_err(|e| e.to_string())?;
+        let zarr = match record.format {
+            StoreFormat::Cache => None,
+            StoreFormat::Zarr => {
+                let name = record
+                    .array_id
+                    .rsplit_once(&format!("/{FIELDS_SEGMENT}/"))
+                    .map_or(record.array_id.as_str(), |(_, name)| name);
+                let store = ZarrStore::new(
+                    &roots.zarr.join(format!("{:016x}", record.uid)),
+                    name,
+                    &record.shape,
+                    &record.chunk_shape,
+                    &dtype,
+                    &record.dim_labels,
+                )
+                .map_err(|e| e.to_string())?;
+                Some(store)
+            }
+        };
         let bytes = record.shape.iter().product::<u64>() * dtype.itemsize as u64;
         let version = ContentVersion::Upload(UploadVersion {
             uid: record.uid,
@@ -121,7 +151,7 @@ impl Upload {
             created_ns: record.created_ns,
         });
         Ok(Upload {
-            dir: data_root.join(format!("{:016x}", record.uid)),
+            dir: roots.data.join(format!("{:016x}", record.uid)),
             slot: DataSlot::new(record.uid),
             stores: stores.clone(),
             record: Mutex::new(record),
@@ -137,6 +167,8 @@ impl Upload {
                  max_upload_bytes_in_flight_per_upload",
             ),
             unsaved: AtomicBool::new(false),
+            zarr,
+            zarr_unsynced: AtomicBool::new(false),
         })
     }
 
@@ -173,6 +205,12 @@ impl Upload {
     /// The directory of its segment store.
     pub fn data_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the Zarr v2 store of a `zarr://` upload is (the directory `zarr.open_array`
+    /// opens); `None` for a `cache://` upload.
+    pub fn zarr_path(&self) -> Option<&Path> {
+        self.zarr.as_ref().map(ZarrStore::path)
     }
 
     /// Where it stands.
@@ -227,17 +265,104 @@ impl Upload {
     /// while its directory goes.
     fn reclaim(&self) -> Result<bool, UploadError> {
         self.cells.lock().clear();
-        self.stores
-            .close_then(&self.slot, || match std::fs::remove_dir_all(&self.dir) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-                Err(source) => Err(UploadError::Io {
-                    action: "remove",
-                    path: self.dir.clone(),
-                    source,
-                }),
+        let zarr_removed = match &self.zarr {
+            Some(zarr) => remove_dir(zarr.root())?,
+            None => false,
+        };
+        let data_removed = self
+            .stores
+            .close_then(&self.slot, || remove_dir(&self.dir))?;
+        Ok(zarr_removed || data_removed)
+    }
+
+    /// Whether any of its storage is on disk.
+    fn has_storage(&self) -> bool {
+        self.dir.exists() || self.zarr.as_ref().is_some_and(|z| z.root().exists())
+    }
+
+    /// The acknowledged bytes of `cell` (the values, C order), read from its segment store.
+    fn acked_bytes(&self, cell: &Region) -> Result<Vec<u8>, UploadError> {
+        let array_id = self.array_id();
+        let index = self.grid.cell_index(cell).ok_or_else(|| {
+            UploadError::invalid("resync", format!("a cell of '{array_id}' is off its grid"))
+        })?;
+        let Some(key) = self.cells.lock().get(&index).cloned() else {
+            return Err(UploadError::invalid(
+                "resync",
+                format!("a cell of '{array_id}' is not acknowledged"),
+            ));
+        };
+        let len = cell
+            .num_elements()
+            .and_then(|n| usize::try_from(n.saturating_mul(self.dtype.itemsize as u64)).ok())
+            .unwrap_or(usize::MAX);
+        let entry = self
+            .data()?
+            .read(&key)
+            .map_err(|source| UploadError::Data {
+                array_id: array_id.clone(),
+                source,
+            })?
+            .ok_or_else(|| {
+                UploadError::invalid(
+                    "resync",
+                    format!("a chunk of '{array_id}' is missing from its store"),
+                )
+            })?;
+        let start = tessera_segments::ipc::DATA_BODY_OFFSET as usize;
+        entry
+            .body
+            .get(start..start.saturating_add(len))
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                UploadError::invalid("resync", format!("a chunk of '{array_id}' is malformed"))
             })
     }
+
+    /// Makes its Zarr store hold exactly its acknowledged chunks (see
+    /// [`ZarrStore::resync`]). Blocking; reads every acknowledged chunk.
+    fn resync_zarr(&self) -> Result<(), UploadError> {
+        let Some(zarr) = &self.zarr else {
+            return Ok(());
+        };
+        let mut acked: Vec<Region> = self
+            .cells
+            .lock()
+            .keys()
+            .filter_map(|&i| self.grid.cell_at(i))
+            .collect();
+        acked.sort_by(|a, b| a.start.cmp(&b.start));
+        zarr.resync(&acked, |cell| self.acked_bytes(cell))
+            .map_err(|err| match err {
+                zarr_store::ResyncError::Zarr(source) => UploadError::Data {
+                    array_id: self.array_id(),
+                    source: source.into(),
+                },
+                zarr_store::ResyncError::Acked(err) => err,
+            })?;
+        self.zarr_unsynced.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Removes `dir` and what it holds; whether it was there.
+fn remove_dir(dir: &Path) -> Result<bool, UploadError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(UploadError::Io {
+            action: "remove",
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Where the uploads' bytes live: `uploads/data` (segment stores) and `uploads/zarr`
+/// (the Zarr stores of `zarr://` uploads).
+struct Roots {
+    data: PathBuf,
+    zarr: PathBuf,
 }
 
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
@@ -270,7 +395,7 @@ impl ChunkTarget {
 /// Every upload of one state directory.
 pub struct Uploads {
     manifest: Manifest,
-    data_root: PathBuf,
+    roots: Roots,
     table: RwLock<HashMap<String, Arc<Upload>>>,
     /// Grid target for uploads whose requested chunk shape is not usable.
     target_chunk_bytes: u64,
@@ -307,6 +432,18 @@ impl Uploads {
             path: data_root.clone(),
             source,
         })?;
+        let zarr_root = dir.join("zarr");
+        std::fs::create_dir_all(&zarr_root).map_err(|source| UploadError::Io {
+            action: "create",
+            path: zarr_root.clone(),
+            source,
+        })?;
+        // Absolute, so the path `metadata_json` gives a user opens from anywhere.
+        let zarr_root = std::fs::canonicalize(&zarr_root).unwrap_or(zarr_root);
+        let roots = Roots {
+            data: data_root,
+            zarr: zarr_root,
+        };
         let manifest = Manifest::open(&dir.join("manifest.redb"))?;
         let stores = OpenStores::new(limits.open_stores);
         let mut table = HashMap::new();
@@ -314,7 +451,7 @@ impl Uploads {
         for (record, cells) in manifest.load()? {
             last_uid = last_uid.max(record.uid);
             let array_id = record.array_id.clone();
-            let upload = match Upload::new(record, &data_root, &limits, &stores) {
+            let upload = match Upload::new(record, &roots, &limits, &stores) {
                 Ok(upload) => upload,
                 Err(reason) => {
                     tracing::error!(%array_id, %reason, "upload record cannot be served; left in the manifest");
@@ -326,7 +463,7 @@ impl Uploads {
         }
         let uploads = Arc::new(Uploads {
             manifest,
-            data_root,
+            roots,
             table: RwLock::new(table),
             target_chunk_bytes,
             scratch_max_ttl: u32::try_from(scratch_max_ttl.as_secs())
@@ -345,6 +482,7 @@ impl Uploads {
         });
         uploads.remove_orphan_dirs();
         uploads.check_chunks_present();
+        uploads.resync_pending_zarr();
         uploads.sweep();
         let weak = Arc::downgrade(&uploads);
         std::thread::Builder::new()
@@ -358,19 +496,24 @@ impl Uploads {
         Ok(uploads)
     }
 
-    /// Removes data directories no live upload names (left by a crash mid-discard).
+    /// Removes data and Zarr directories no live upload names (left by a crash
+    /// mid-discard, or by an `add_tensor` whose record was never written).
     fn remove_orphan_dirs(&self) {
         let live: std::collections::HashSet<PathBuf> = self
             .table
             .read()
             .values()
             .filter(|u| u.state() != State::Discarded)
-            .map(|u| u.dir.clone())
+            .flat_map(|u| {
+                let zarr = u.zarr.as_ref().map(|z| z.root().to_path_buf());
+                std::iter::once(u.dir.clone()).chain(zarr)
+            })
             .collect();
-        let Ok(entries) = std::fs::read_dir(&self.data_root) else {
-            return;
-        };
-        for entry in entries.flatten() {
+        let listed = [&self.roots.data, &self.roots.zarr]
+            .into_iter()
+            .filter_map(|root| std::fs::read_dir(root).ok())
+            .flatten();
+        for entry in listed.flatten() {
             let path = entry.path();
             if !live.contains(&path) {
                 match std::fs::remove_dir_all(&path) {
@@ -416,6 +559,27 @@ impl Uploads {
                     }
                 }
                 Err(err) => tracing::error!(error = %err, "cannot open an upload's store"),
+            }
+        }
+    }
+
+    /// Makes the Zarr store of every PENDING `zarr://` upload hold exactly its
+    /// acknowledged chunks: the server may have stopped between a chunk file put in place
+    /// and its cell's commit. A sealed upload needs none (it was synced before it was
+    /// sealed, and takes no chunks since); one that cannot be synced is discarded, since
+    /// its store could no longer be trusted.
+    fn resync_pending_zarr(&self) {
+        for upload in self.all() {
+            if upload.zarr.is_none() || upload.state() != State::Pending {
+                continue;
+            }
+            if let Err(err) = upload.resync_zarr() {
+                let array_id = upload.array_id();
+                tracing::error!(%array_id, error = %err, "cannot bring a Zarr upload's store in line with its acknowledged chunks; discarding it");
+                let reason = format!("its Zarr store could not be checked after a restart: {err}");
+                if let Err(err) = self.set_status(&array_id, State::Discarded, &reason) {
+                    tracing::warn!(%array_id, error = %err, "cannot discard an upload");
+                }
             }
         }
     }
@@ -579,9 +743,10 @@ impl Uploads {
             ttl_seconds,
             expires_at: ttl_seconds.map(|t| now.saturating_add(u64::from(t))),
             discarded_at: None,
+            format: new.format,
         };
         let upload = Arc::new(
-            Upload::new(record.clone(), &self.data_root, &self.limits, &self.stores)
+            Upload::new(record.clone(), &self.roots, &self.limits, &self.stores)
                 .map_err(|r| UploadError::invalid(CALL, r))?,
         );
         {
@@ -598,10 +763,16 @@ impl Uploads {
                     limit: self.max_uploads,
                 });
             }
+            if let Some(zarr) = &upload.zarr {
+                zarr.create().map_err(|source| UploadError::Data {
+                    array_id: array_id.clone(),
+                    source: source.into(),
+                })?;
+            }
             self.manifest.put_record(&record)?;
             table.insert(array_id.clone(), upload.clone());
         }
-        tracing::info!(%array_id, shape = ?record.shape, dtype = %record.dtype, chunk_shape = ?record.chunk_shape, "upload added");
+        tracing::info!(%array_id, shape = ?record.shape, dtype = %record.dtype, chunk_shape = ?record.chunk_shape, zarr_store = ?upload.zarr_path(), "upload added");
         Ok(TensorDescriptor {
             array_id,
             dim_labels: record.dim_labels,
@@ -692,6 +863,9 @@ impl Uploads {
                     true
                 }
                 Ok(Move::To(next)) => {
+                    if upload.zarr_unsynced.load(Ordering::Acquire) {
+                        upload.resync_zarr()?;
+                    }
                     let mut changed = record.clone();
                     changed.state = next;
                     self.manifest.put_record(&changed)?;
@@ -829,23 +1003,51 @@ impl Uploads {
                 limit,
             });
         }
+        let data_error = |source: data::DataError| UploadError::Data {
+            array_id: target.id.array_id().to_string(),
+            source,
+        };
+        let staged = match &upload.zarr {
+            Some(zarr) => Some(
+                zarr.stage(cell, &slices)
+                    .map_err(|e| data_error(e.into()))?,
+            ),
+            None => None,
+        };
         let mut key = target.id.encode();
         key.extend_from_slice(&self.next_uid().to_be_bytes());
-        data.append_durable(&key, &upload.meta_of(cell), &slices)
-            .map_err(|source| UploadError::Data {
-                array_id: target.id.array_id().to_string(),
-                source,
-            })?;
+        let appended = data.append_durable(&key, &upload.meta_of(cell), &slices);
         let record = upload.record.lock();
-        if record.state != State::Pending {
-            return Err(UploadError::Closed {
+        let refusal = match appended {
+            Err(source) => Some(data_error(source)),
+            Ok(_) if record.state != State::Pending => Some(UploadError::Closed {
                 call: CALL,
                 array_id: record.array_id.clone(),
                 state: record.state,
                 detail: record.reason.clone(),
-            });
+            }),
+            Ok(_) => None,
+        };
+        if let Some(refusal) = refusal {
+            if let (Some(zarr), Some(staged)) = (&upload.zarr, staged) {
+                zarr.forget(staged);
+            }
+            return Err(refusal);
         }
-        self.manifest.put_chunk(record.uid, target.cell, &key)?;
+        if let (Some(zarr), Some(staged)) = (&upload.zarr, staged) {
+            // In place only while the upload takes chunks (the record is locked), just
+            // before the commit: a seal never sees a chunk file its cell does not match.
+            if let Err(err) = zarr.commit(staged) {
+                upload.zarr_unsynced.store(true, Ordering::Release);
+                return Err(data_error(err.into()));
+            }
+        }
+        if let Err(err) = self.manifest.put_chunk(record.uid, target.cell, &key) {
+            if upload.zarr.is_some() {
+                upload.zarr_unsynced.store(true, Ordering::Release);
+            }
+            return Err(err.into());
+        }
         upload.cells.lock().insert(target.cell, key);
         Ok(())
     }
@@ -872,7 +1074,7 @@ impl Uploads {
             if state != State::Discarded {
                 continue;
             }
-            if upload.dir.exists() {
+            if upload.has_storage() {
                 self.reclaim(&upload);
             }
             if upload.unsaved.load(Ordering::Acquire) {
@@ -987,6 +1189,41 @@ mod tests {
             .collect();
         assert_eq!(values, [8, 9, 10, 0, 0, 0]);
         assert!(upload.read_region(&[0, 0], &[5, 6], &mut out).is_err());
+    }
+
+    #[test]
+    fn a_zarr_upload_keeps_a_zarr_store_of_exactly_its_acknowledged_chunks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let array_id = "scratch/@fields/z";
+        let mut request = descriptor("z");
+        request.array_id = "zarr://scratch/@fields/z".to_string();
+        let store = {
+            let uploads = open(tmp.path());
+            assert_eq!(uploads.add(&request, |_| false).unwrap().array_id, array_id);
+            let upload = uploads.get(array_id).unwrap();
+            let store = upload.zarr_path().unwrap().to_path_buf();
+            assert!(store.join(".zarray").exists() && store.join(".zattrs").exists());
+            let (ticket, batch) = chunk_of(&upload, 0);
+            uploads
+                .put(&uploads.put_target(&ticket).unwrap(), &[batch])
+                .unwrap();
+            let values: Vec<u8> = (0u16..12).flat_map(u16::to_le_bytes).collect();
+            assert_eq!(std::fs::read(store.join("0.0")).unwrap(), values);
+            // A crash between a chunk file put in place and its commit: a file of a cell
+            // never acknowledged.
+            std::fs::write(store.join("1.0"), [7u8; 24]).unwrap();
+            store
+        };
+        let uploads = open(tmp.path());
+        let upload = uploads.get(array_id).unwrap();
+        assert_eq!(upload.zarr_path(), Some(store.as_path()));
+        assert!(store.join("0.0").exists());
+        assert!(!store.join("1.0").exists(), "the unacknowledged chunk file is removed");
+        uploads.set_status(array_id, State::Ready, "").unwrap();
+        let meta = upload.tensor().metadata_json();
+        assert!(meta.contains("zarr_store"), "{meta}");
+        uploads.set_status(array_id, State::Discarded, "done").unwrap();
+        assert!(!store.exists() && !upload.data_dir().exists());
     }
 
     #[test]
