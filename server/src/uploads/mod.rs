@@ -566,12 +566,22 @@ impl Uploads {
     /// Makes the Zarr store of every PENDING `zarr://` upload hold exactly its
     /// acknowledged chunks: the server may have stopped between a chunk file put in place
     /// and its cell's commit. A sealed upload needs none (it was synced before it was
-    /// sealed, and takes no chunks since); one that cannot be synced is discarded, since
-    /// its store could no longer be trusted.
+    /// sealed, and takes no chunks since) beyond emptying `incoming/`; one that cannot be
+    /// synced is discarded, since its store could no longer be trusted.
     fn resync_pending_zarr(&self) {
         for upload in self.all() {
-            if upload.zarr.is_none() || upload.state() != State::Pending {
+            let Some(zarr) = &upload.zarr else {
                 continue;
+            };
+            match upload.state() {
+                State::Pending => {}
+                State::Ready => {
+                    if let Err(err) = zarr.clear_incoming() {
+                        tracing::warn!(array_id = %upload.array_id(), error = %err, "cannot empty a Zarr upload's incoming folder");
+                    }
+                    continue;
+                }
+                State::Discarded => continue,
             }
             if let Err(err) = upload.resync_zarr() {
                 let array_id = upload.array_id();

@@ -312,7 +312,9 @@ impl ZarrStore {
         self.array.chunk_key(&indices)
     }
 
-    fn clear_incoming(&self) -> Result<(), ZarrError> {
+    /// Removes `incoming/` (chunks written but never put in place: a DoPut refused, or a
+    /// crash, between the two).
+    pub fn clear_incoming(&self) -> Result<(), ZarrError> {
         let dir = self.root.join(INCOMING);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
