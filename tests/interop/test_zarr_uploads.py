@@ -2,8 +2,9 @@
 upload reads back through Tessera on both routes exactly as a `cache://` one does, and its
 Zarr v2 store, found at `metadata_json["zarr_store"]`, opens in zarr-python with the same
 values; biopb's own `member_upload_test.py` semantics (the answered id, PENDING writable
-but not readable, several tensors on one source, a restart) hold; discard, expiry and a
-SIGKILL leave the store as documented."""
+but not readable, several tensors on one source, a restart) and `label_upload_test.py`'s
+round trip of a label set hold; discard, expiry and a SIGKILL leave the store as
+documented."""
 import json
 import os
 import signal
@@ -100,10 +101,67 @@ def test_member_upload_semantics_hold_for_zarr(start_server, tmp_path):
 
     with pytest.raises(flight.FlightError, match="not available"):
         client.setup_array_upload(f"parquet://{source}/@fields/img", arr)
-    with pytest.raises(flight.FlightError, match="Zarr label sets"):
-        client.setup_array_upload(f"zarr://{source}/@fields/px-zarr/@labels/nuclei", arr)
     with pytest.raises(flight.FlightError, match="no served source"):
         client.setup_array_upload("zarr://zarr_nope/@fields/img", arr)
+
+
+def label_sets(client, image_array_id):
+    """The array ids served under an image's `@labels/` prefix, sorted (biopb's helper asks
+    `sources` with `UNNEST(tensors) AS u(t)`, a form the catalog does not plan; the
+    `tensors` table holds the same rows)."""
+    prefix = image_array_id.replace("'", "''") + "/@labels/"
+    table = client.query(
+        f"SELECT array_id FROM tensors WHERE starts_with(array_id, '{prefix}') ORDER BY array_id"
+    )
+    return table.column(0).to_pylist()
+
+
+def test_label_sets_round_trip_under_their_image(start_server, tmp_path):
+    """biopb's label_upload_test.py on Tessera: a label set of a served image and of a
+    published member is created PENDING (polled, not listed), published by upload_array,
+    read back, listed under its image and written as a Zarr store; a set on a PENDING
+    member, a `cache://` set, a set that does not span its image and a float set are
+    refused."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "image.npy", np.zeros((64, 64), dtype=np.uint16))
+    server = start_server(src, extra=WRITABLE)
+    client = client_for(server)
+    labels = np.zeros((64, 64), dtype=np.uint32)
+    labels[:8, :8] = 3
+    labels[32:40, 32:40] = 5
+
+    desc = client.setup_array_upload("zarr://image/@labels/nuclei", labels, chunk_shape=(32, 32))
+    assert desc.array_id == "image/@labels/nuclei"
+    assert client.get_upload_status(desc.array_id)["state"] == "PENDING"
+    assert label_sets(client, "image") == []
+    assert client.upload_array(desc, labels)["state"] == "READY"
+    read = client.get_tensor(desc.array_id)
+    assert read.dtype == np.uint32
+    np.testing.assert_array_equal(read.compute(), labels)
+    client.upload_array(client.setup_array_upload("zarr://image/@labels/cells", labels), labels)
+    assert label_sets(client, "image") == ["image/@labels/cells", "image/@labels/nuclei"]
+    assert_store_holds(store_of(client, desc.array_id), labels, desc.dim_labels, desc.chunk_shape)
+
+    image = np.full((64, 64), 2, dtype=np.uint16)
+    member = client.setup_array_upload("zarr://image/@fields/img", image)
+    with pytest.raises(flight.FlightError, match="READY"):
+        client.setup_array_upload("zarr://image/@fields/img/@labels/nuclei", labels)
+    client.upload_array(member, image)
+    on_member = client.setup_array_upload("zarr://image/@fields/img/@labels/nuclei", labels)
+    client.upload_array(on_member, labels)
+    assert on_member.array_id == "image/@fields/img/@labels/nuclei"
+    assert label_sets(client, member.array_id) == [on_member.array_id]
+    np.testing.assert_array_equal(client.get_tensor(on_member.array_id).compute(), labels)
+
+    with pytest.raises(flight.FlightError, match="a label set is NGFF"):
+        client.setup_array_upload("cache://image/@labels/other", labels)
+    with pytest.raises(flight.FlightError, match="does not span"):
+        client.setup_array_upload("zarr://image/@labels/small", labels[:32])
+    with pytest.raises(flight.FlightError, match="integer labels"):
+        client.setup_array_upload("zarr://image/@labels/float", labels.astype(np.float32))
+    with pytest.raises(flight.FlightError, match="no tensor this server serves"):
+        client.setup_array_upload("zarr://nosuch/@labels/cells", labels)
 
 
 def test_a_published_zarr_upload_reads_back_in_the_next_life(start_server, tmp_path):

@@ -42,7 +42,6 @@ pub use batch::arrow_type;
 pub use data::ChunkData;
 pub use error::UploadError;
 pub use id::{SCRATCH_SOURCE_ID, is_upload_id};
-use id::FIELDS_SEGMENT;
 pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits};
 pub use manifest::Manifest;
 pub use record::{State, StoreFormat, UploadRecord};
@@ -128,10 +127,7 @@ impl Upload {
         let zarr = match record.format {
             StoreFormat::Cache => None,
             StoreFormat::Zarr => {
-                let name = record
-                    .array_id
-                    .rsplit_once(&format!("/{FIELDS_SEGMENT}/"))
-                    .map_or(record.array_id.as_str(), |(_, name)| name);
+                let name = id::name_of(&record.array_id);
                 let store = ZarrStore::new(
                     &roots.zarr.join(format!("{:016x}", record.uid)),
                     name,
@@ -363,6 +359,39 @@ fn remove_dir(dir: &Path) -> Result<bool, UploadError> {
 struct Roots {
     data: PathBuf,
     zarr: PathBuf,
+}
+
+/// What `add_tensor` needs to know of the served tensor a label set is added to.
+pub struct Image {
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Its axis labels.
+    pub dim_labels: Vec<String>,
+}
+
+/// Whether a label set of `shape` spans `image`: the image's axes at its lengths, the
+/// channel axis (`c`) a singleton; the refusal says why not.
+fn check_spans(id: &str, image_id: &str, image: &Image, shape: &[u64]) -> Result<(), String> {
+    let spans = shape.len() == image.shape.len()
+        && shape
+            .iter()
+            .zip(&image.shape)
+            .zip(&image.dim_labels)
+            .all(|((&s, &i), label)| {
+                if label.eq_ignore_ascii_case("c") {
+                    s == 1
+                } else {
+                    s == i
+                }
+            });
+    if spans {
+        return Ok(());
+    }
+    Err(format!(
+        "'{id}': a label set has its image's axes at its image's lengths, the channel axis \
+         'c' a singleton; shape {shape:?} does not span '{image_id}' ({:?}, axes {:?})",
+        image.shape, image.dim_labels
+    ))
 }
 
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
@@ -629,25 +658,30 @@ impl Uploads {
         }
     }
 
-    /// `add_tensor`: declares a tensor on a served source (`source_exists` says which are)
-    /// or on `scratch`, and answers its descriptor: the server's grid, the granted
-    /// lifetime and a PENDING status.
+    /// `add_tensor`: declares a tensor on a served source or on `scratch`, or a label set
+    /// of a served tensor (`served` describes the served tensor an id names, if any), and
+    /// answers its descriptor: the server's grid, the granted lifetime and a PENDING
+    /// status.
     pub fn add(
         &self,
         request: &TensorDescriptor,
-        source_exists: impl Fn(&str) -> bool,
+        served: impl Fn(&str) -> Option<Image>,
     ) -> Result<TensorDescriptor, UploadError> {
         const CALL: &str = "add_tensor";
         let new = id::parse_new(&request.array_id).map_err(|r| UploadError::invalid(CALL, r))?;
         let array_id = new.array_id();
         crate::source::sources::check_array_id_len(&array_id)
             .map_err(|e| UploadError::invalid(CALL, e.to_string()))?;
-        if new.source_id != SCRATCH_SOURCE_ID && !source_exists(&new.source_id) {
-            return Err(UploadError::NoSource {
-                array_id: request.array_id.clone(),
-                source_id: new.source_id,
-            });
-        }
+        let image = match &new.labels_of {
+            Some(image_id) => Some(self.image_of(&request.array_id, image_id, &served)?),
+            None if new.source_id != SCRATCH_SOURCE_ID && served(&new.source_id).is_none() => {
+                return Err(UploadError::NoSource {
+                    array_id: request.array_id.clone(),
+                    source_id: new.source_id,
+                });
+            }
+            None => None,
+        };
         if !request.metadata_json.is_empty() {
             return Err(UploadError::invalid(
                 CALL,
@@ -674,6 +708,22 @@ impl Uploads {
                 CALL,
                 "shape has no axes: a tensor has at least one",
             ));
+        }
+        if let (Some(image), Some(image_id)) = (&image, &new.labels_of) {
+            check_spans(&request.array_id, image_id, image, &shape)
+                .map_err(|r| UploadError::invalid(CALL, r))?;
+            if !matches!(
+                dtype.kind,
+                crate::source::npy::Kind::Int | crate::source::npy::Kind::UInt
+            ) {
+                return Err(UploadError::invalid(
+                    CALL,
+                    format!(
+                        "'{}': a label set holds integer labels; dtype '{}' is not an integer",
+                        request.array_id, request.dtype
+                    ),
+                ));
+            }
         }
         let itemsize = dtype.itemsize as u64;
         let bytes = shape
@@ -722,10 +772,10 @@ impl Uploads {
                 ),
             ));
         }
-        let dim_labels = if request.dim_labels.is_empty() {
-            crate::grid::default_dim_labels(&shape)
-        } else {
-            request.dim_labels.clone()
+        let dim_labels = match &image {
+            _ if !request.dim_labels.is_empty() => request.dim_labels.clone(),
+            Some(image) => image.dim_labels.clone(),
+            None => crate::grid::default_dim_labels(&shape),
         };
         let ttl_seconds = match request.ttl_seconds {
             Some(0) => {
@@ -793,6 +843,43 @@ impl Uploads {
             upload_status: Some(upload.status()),
             ..Default::default()
         })
+    }
+
+    /// The served tensor `image_id` a label set (`requested`) is added to: an upload must be
+    /// READY (a PENDING one has no extent anyone may read yet).
+    fn image_of(
+        &self,
+        requested: &str,
+        image_id: &str,
+        served: &impl Fn(&str) -> Option<Image>,
+    ) -> Result<Image, UploadError> {
+        if is_upload_id(image_id) {
+            if let Some(upload) = self.get(image_id) {
+                if upload.state() != State::Ready {
+                    return Err(UploadError::invalid(
+                        "add_tensor",
+                        format!(
+                            "'{requested}': a label set is added to a READY tensor; '{image_id}' \
+                             is {}",
+                            upload.state().name()
+                        ),
+                    ));
+                }
+                return Ok(Image {
+                    shape: upload.shape().to_vec(),
+                    dim_labels: upload.dim_labels(),
+                });
+            }
+        } else if let Some(image) = served(image_id) {
+            return Ok(image);
+        }
+        Err(UploadError::invalid(
+            "add_tensor",
+            format!(
+                "'{requested}' asks for a Zarr label set of '{image_id}', which is no tensor \
+                 this server serves"
+            ),
+        ))
     }
 
     /// The grid of a new upload: the requested chunk shape when it names chunks of at most
@@ -1181,7 +1268,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let uploads = open(tmp.path());
         let request = descriptor("r");
-        uploads.add(&request, |_| false).unwrap();
+        uploads.add(&request, |_| None).unwrap();
         let upload = uploads.get("scratch/@fields/r").unwrap();
         let (ticket, batch) = chunk_of(&upload, 0);
         uploads
@@ -1209,7 +1296,7 @@ mod tests {
         request.array_id = "zarr://scratch/@fields/z".to_string();
         let store = {
             let uploads = open(tmp.path());
-            assert_eq!(uploads.add(&request, |_| false).unwrap().array_id, array_id);
+            assert_eq!(uploads.add(&request, |_| None).unwrap().array_id, array_id);
             let upload = uploads.get(array_id).unwrap();
             let store = upload.zarr_path().unwrap().to_path_buf();
             assert!(store.join(".zarray").exists() && store.join(".zattrs").exists());
@@ -1236,6 +1323,55 @@ mod tests {
         assert!(!store.exists() && !upload.data_dir().exists());
     }
 
+    fn upload_labels(uploads: &Uploads, array_id: &str) -> Vec<String> {
+        uploads.get(array_id).unwrap().dim_labels()
+    }
+
+    #[test]
+    fn a_label_set_spans_a_ready_image_and_is_an_upload_of_its_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let uploads = open(tmp.path());
+        let mut image = descriptor("img");
+        image.array_id = "zarr://scratch/@fields/img".to_string();
+        uploads.add(&image, |_| None).unwrap();
+        let mut set = descriptor("x");
+        set.array_id = "zarr://scratch/@fields/img/@labels/nuclei".to_string();
+        set.dtype = "<u4".to_string();
+        set.dim_labels = Vec::new();
+        let refused = |r: Result<TensorDescriptor, UploadError>| r.err().unwrap().to_string();
+        assert!(refused(uploads.add(&set, |_| None)).contains("is PENDING"));
+        uploads
+            .set_status("scratch/@fields/img", State::Ready, "")
+            .unwrap();
+        let desc = uploads.add(&set, |_| None).unwrap();
+        assert_eq!(desc.array_id, "scratch/@fields/img/@labels/nuclei");
+        assert_eq!(desc.dim_labels, upload_labels(&uploads, "scratch/@fields/img"));
+        let upload = uploads.get(&desc.array_id).unwrap();
+        assert!(upload.zarr_path().unwrap().ends_with("nuclei.zarr"));
+        let mut wrong = set.clone();
+        wrong.array_id = "zarr://scratch/@fields/img/@labels/wide".to_string();
+        wrong.shape = vec![4, 7];
+        assert!(refused(uploads.add(&wrong, |_| None)).contains("does not span"));
+        let mut float = set.clone();
+        float.array_id = "zarr://scratch/@fields/img/@labels/f".to_string();
+        float.dtype = "<f4".to_string();
+        assert!(refused(uploads.add(&float, |_| None)).contains("integer labels"));
+        let mut served = set.clone();
+        served.array_id = "zarr://image/@labels/cells".to_string();
+        let image_of = |id: &str| {
+            (id == "image").then(|| Image {
+                shape: vec![4, 6],
+                dim_labels: vec!["y".into(), "x".into()],
+            })
+        };
+        assert_eq!(
+            uploads.add(&served, image_of).unwrap().dim_labels,
+            ["y", "x"].map(String::from).to_vec()
+        );
+        served.array_id = "zarr://nosuch/@labels/cells".to_string();
+        assert!(refused(uploads.add(&served, image_of)).contains("no tensor this server serves"));
+    }
+
     #[test]
     fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1243,11 +1379,11 @@ mod tests {
         let array_id = "scratch/@fields/t";
         {
             let uploads = open(tmp.path());
-            let desc = uploads.add(&request, |_| false).unwrap();
+            let desc = uploads.add(&request, |_| None).unwrap();
             assert_eq!(desc.array_id, array_id);
             assert_eq!(desc.ttl_seconds, Some(600));
             assert!(matches!(
-                uploads.add(&request, |_| false),
+                uploads.add(&request, |_| None),
                 Err(UploadError::Taken { .. })
             ));
             let upload = uploads.get(array_id).unwrap();
