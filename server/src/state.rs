@@ -152,10 +152,12 @@ impl ServiceState {
     pub fn add_tensor(&self, request: &TensorDescriptor) -> ServiceResult<TensorDescriptor> {
         let uploads = self.uploads_for_write("add_tensor")?;
         Ok(uploads.add(request, |array_id| {
-            self.resolve(array_id).ok().map(|tensor| crate::uploads::Image {
-                shape: tensor.shape().to_vec(),
-                dim_labels: tensor.dim_labels.clone(),
-            })
+            self.resolve(array_id)
+                .ok()
+                .map(|tensor| crate::uploads::Image {
+                    shape: tensor.shape().to_vec(),
+                    dim_labels: tensor.dim_labels.clone(),
+                })
         })?)
     }
 

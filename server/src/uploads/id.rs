@@ -93,7 +93,12 @@ pub fn parse_new(id: &str) -> Result<NewId, String> {
 
 /// A label set `<image>/@labels/<name>`: NGFF, so `zarr://` only; of an image that is not a
 /// label set itself.
-fn parse_label_set(id: &str, image: &str, name: &str, format: StoreFormat) -> Result<NewId, String> {
+fn parse_label_set(
+    id: &str,
+    image: &str,
+    name: &str,
+    format: StoreFormat,
+) -> Result<NewId, String> {
     if format != StoreFormat::Zarr {
         return Err(format!(
             "'{id}': a label set is NGFF, so it takes 'zarr://<array_id>/@labels/<name>'"
@@ -157,7 +162,10 @@ mod tests {
             set.as_ref().map(NewId::array_id).as_deref(),
             Some("img/@fields/x/@labels/cells")
         );
-        assert_eq!(set.and_then(|s| s.labels_of).as_deref(), Some("img/@fields/x"));
+        assert_eq!(
+            set.and_then(|s| s.labels_of).as_deref(),
+            Some("img/@fields/x")
+        );
         assert!(is_upload_id("img/@labels/cells"));
         assert_eq!(name_of("img/@fields/x/@labels/cells"), "cells");
         let refused = |id: &str| parse_new(id).err().unwrap_or_default();

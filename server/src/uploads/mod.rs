@@ -1315,11 +1315,16 @@ mod tests {
         let upload = uploads.get(array_id).unwrap();
         assert_eq!(upload.zarr_path(), Some(store.as_path()));
         assert!(store.join("0.0").exists());
-        assert!(!store.join("1.0").exists(), "the unacknowledged chunk file is removed");
+        assert!(
+            !store.join("1.0").exists(),
+            "the unacknowledged chunk file is removed"
+        );
         uploads.set_status(array_id, State::Ready, "").unwrap();
         let meta = upload.tensor().metadata_json();
         assert!(meta.contains("zarr_store"), "{meta}");
-        uploads.set_status(array_id, State::Discarded, "done").unwrap();
+        uploads
+            .set_status(array_id, State::Discarded, "done")
+            .unwrap();
         assert!(!store.exists() && !upload.data_dir().exists());
     }
 
@@ -1345,7 +1350,10 @@ mod tests {
             .unwrap();
         let desc = uploads.add(&set, |_| None).unwrap();
         assert_eq!(desc.array_id, "scratch/@fields/img/@labels/nuclei");
-        assert_eq!(desc.dim_labels, upload_labels(&uploads, "scratch/@fields/img"));
+        assert_eq!(
+            desc.dim_labels,
+            upload_labels(&uploads, "scratch/@fields/img")
+        );
         let upload = uploads.get(&desc.array_id).unwrap();
         assert!(upload.zarr_path().unwrap().ends_with("nuclei.zarr"));
         let mut wrong = set.clone();

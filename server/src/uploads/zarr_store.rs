@@ -144,13 +144,12 @@ impl ZarrStore {
         dim_labels: &[String],
     ) -> Result<ZarrStore, ZarrError> {
         let array_dir = root.join(format!("{name}.zarr"));
-        let storage =
-            Arc::new(
-                FilesystemStore::new(root).map_err(|source| ZarrError::Open {
-                    path: root.to_path_buf(),
-                    source,
-                })?,
-            );
+        let storage = Arc::new(
+            FilesystemStore::new(root).map_err(|source| ZarrError::Open {
+                path: root.to_path_buf(),
+                source,
+            })?,
+        );
         let chunks = chunk_shape
             .iter()
             .map(|&c| std::num::NonZeroU64::new(c.max(1)).unwrap_or(std::num::NonZeroU64::MIN))
@@ -406,7 +405,15 @@ mod tests {
 
     fn store(root: &Path) -> ZarrStore {
         let dtype = Dtype::parse("<u2").unwrap();
-        ZarrStore::new(root, "img", &[5, 3], &[2, 2], &dtype, &["y".into(), "x".into()]).unwrap()
+        ZarrStore::new(
+            root,
+            "img",
+            &[5, 3],
+            &[2, 2],
+            &dtype,
+            &["y".into(), "x".into()],
+        )
+        .unwrap()
     }
 
     #[test]
