@@ -321,6 +321,13 @@ impl Upload {
         let Some(zarr) = &self.zarr else {
             return Ok(());
         };
+        if !zarr.path().join(".zarray").exists() {
+            // Removed from under the server: written again, then filled below.
+            zarr.create().map_err(|source| UploadError::Data {
+                array_id: self.array_id(),
+                source: source.into(),
+            })?;
+        }
         let mut acked: Vec<Region> = self
             .cells
             .lock()
@@ -1311,14 +1318,21 @@ mod tests {
             std::fs::write(store.join("1.0"), [7u8; 24]).unwrap();
             store
         };
+        {
+            let uploads = open(tmp.path());
+            let upload = uploads.get(array_id).unwrap();
+            assert_eq!(upload.zarr_path(), Some(store.as_path()));
+            assert!(store.join("0.0").exists());
+            assert!(
+                !store.join("1.0").exists(),
+                "the unacknowledged chunk file is removed"
+            );
+        }
+        // A store removed from under a PENDING upload is written again at open.
+        std::fs::remove_dir_all(&store).unwrap();
         let uploads = open(tmp.path());
         let upload = uploads.get(array_id).unwrap();
-        assert_eq!(upload.zarr_path(), Some(store.as_path()));
-        assert!(store.join("0.0").exists());
-        assert!(
-            !store.join("1.0").exists(),
-            "the unacknowledged chunk file is removed"
-        );
+        assert!(store.join(".zarray").exists() && store.join("0.0").exists());
         uploads.set_status(array_id, State::Ready, "").unwrap();
         let meta = upload.tensor().metadata_json();
         assert!(meta.contains("zarr_store"), "{meta}");

@@ -417,6 +417,18 @@ mod tests {
     }
 
     #[test]
+    fn every_dtype_an_upload_takes_has_zarr_v2_metadata() {
+        let tmp = tempfile::tempdir().unwrap();
+        for dtype in [
+            "|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8",
+        ] {
+            let parsed = Dtype::parse(dtype).unwrap();
+            let zarr = ZarrStore::new(tmp.path(), dtype, &[3], &[2], &parsed, &["x".into()]);
+            assert!(zarr.is_ok(), "{dtype}: {zarr:?}");
+        }
+    }
+
+    #[test]
     fn an_edge_cell_is_padded_to_the_chunk_shape() {
         // A 1x1 cell of a 2x2 chunk (itemsize 1): its value at the origin, zeros elsewhere.
         assert_eq!(padded(&[1, 1], &[2, 2], 1, &[&[7]]), [7, 0, 0, 0]);
