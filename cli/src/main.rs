@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve .npy files and directories until SIGTERM or Ctrl-C.
+    /// Serve .npy files, Zarr/OME-Zarr stores and directories of them until SIGTERM or Ctrl-C.
     ///
     /// Example: `tessera serve samples/` then, from Python,
     /// `biopb.tensor.TensorFlightClient("grpc://127.0.0.1:8815").get_array("zstack")`.
@@ -227,7 +227,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = ServeConfig::resolve(*args).context("invalid configuration")?;
             init_logging(cli.log_format.unwrap_or(config.log_format));
             if config.paths.is_empty() {
-                tracing::warn!("no sources given: pass .npy files or directories to serve");
+                tracing::warn!(
+                    "no sources given: pass .npy files, Zarr stores or directories to serve"
+                );
             }
             let stop = stop_signal();
             let missing: Vec<String> = config

@@ -133,6 +133,19 @@ pub enum RequestError {
         /// The kind of tensor, plural (`uploaded tensors`).
         what: &'static str,
     },
+    /// A `precompute` read whose `scale_hint` matches none of the levels the source stores.
+    #[error(
+        "read of '{array_id}' refused: no precomputed level matches scale_hint {hint:?}; \
+         the stored levels have the factors {levels:?}"
+    )]
+    NoNativeLevel {
+        /// The tensor.
+        array_id: String,
+        /// The hint as sent.
+        hint: Vec<i64>,
+        /// The factors of each stored level.
+        levels: Vec<Vec<u64>>,
+    },
     /// A plan whose endpoints would not fit one reply ([`MAX_PLAN_ENDPOINT_BYTES`]).
     #[error(
         "the plan of '{array_id}' over [{start:?}, {stop:?}) has {count} chunks, about {bytes} \

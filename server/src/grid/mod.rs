@@ -213,6 +213,51 @@ impl ChunkGrid {
         })
     }
 
+    /// Plans the grid of a tensor stored in native chunks of `native` elements per axis (a
+    /// Zarr store's chunks or shards): every cell is a whole number of native chunks, so no
+    /// native chunk is decoded twice for one cell, chosen by the contiguity-first policy over
+    /// the grid of native chunks. A native chunk over the target (but within the cap) is one
+    /// cell; one over the cap is cut by [`ChunkGrid::plan`]'s policy within it (each such
+    /// native chunk is then decoded once per cell it spans: the cap leaves no other way).
+    /// A `native` of the wrong rank or with a zero extent is ignored (the plain policy).
+    pub fn fitted(
+        shape: &[u64],
+        itemsize: u64,
+        native: &[u64],
+        target_bytes: u64,
+    ) -> Result<ChunkGrid, GridError> {
+        check_tensor(shape, itemsize)?;
+        if shape.contains(&0) || native.len() != shape.len() || native.contains(&0) {
+            return ChunkGrid::plan(shape, itemsize, false, target_bytes);
+        }
+        let native: Vec<u64> = native.iter().zip(shape).map(|(n, d)| *n.min(d)).collect();
+        let native_bytes = native
+            .iter()
+            .fold(itemsize, |acc, n| acc.saturating_mul(*n));
+        let target = target_bytes.clamp(itemsize, MAX_CHUNK_BYTES);
+        let chunk = if native_bytes > MAX_CHUNK_BYTES {
+            contiguous_chunk(&native, itemsize, target)
+        } else if native_bytes >= target {
+            native
+        } else {
+            let blocks: Vec<u64> = shape
+                .iter()
+                .zip(&native)
+                .map(|(d, n)| d.div_ceil(*n))
+                .collect();
+            contiguous_chunk(&blocks, native_bytes, target)
+                .iter()
+                .zip(&native)
+                .zip(shape)
+                .map(|((b, n), d)| b.saturating_mul(*n).min(*d))
+                .collect()
+        };
+        Ok(ChunkGrid {
+            shape: shape.to_vec(),
+            chunk,
+        })
+    }
+
     /// A grid with an explicit chunk extent per axis (each at least 1; extents
     /// beyond the axis length are clamped to it). Fails like [`ChunkGrid::plan`]
     /// and when the chunk's rank differs or it exceeds [`MAX_CHUNK_BYTES`].
@@ -488,4 +533,30 @@ fn contiguous_chunk(shape: &[u64], itemsize: u64, target: u64) -> Vec<u64> {
     chunk[axis] = k;
     chunk[axis + 1..].copy_from_slice(&shape[axis + 1..]);
     chunk
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn fitted_cells_are_whole_native_chunks_within_the_cap() {
+        // 2 B elements, native chunks of 64x256x256 (8 MiB): one per cell at an 8 MiB target.
+        let g = ChunkGrid::fitted(&[300, 1024, 1024], 2, &[64, 256, 256], 8 << 20).unwrap();
+        assert_eq!(g.chunk_shape(), &[64, 256, 256]);
+        // Small native chunks merge: whole rows of them first, then planes.
+        let g = ChunkGrid::fitted(&[100, 1000, 1000], 2, &[1, 100, 100], 8 << 20).unwrap();
+        assert_eq!(g.chunk_shape(), &[4, 1000, 1000]);
+        for (axis, extent) in g.chunk_shape().iter().enumerate() {
+            assert!(extent % [1, 100, 100][axis] == 0 || *extent == g.shape()[axis]);
+        }
+        // A native chunk over the cap is cut contiguously within itself.
+        let g = ChunkGrid::fitted(&[4, 8192, 8192], 2, &[4, 8192, 8192], 64 << 20).unwrap();
+        assert!(g.chunk_bytes(2) <= MAX_CHUNK_BYTES);
+        assert_eq!(g.chunk_shape(), &[1, 4096, 8192]);
+        // Edge chunks clip at the shape.
+        let g = ChunkGrid::fitted(&[10, 10], 1, &[4, 4], 1 << 20).unwrap();
+        assert_eq!(g.chunk_shape(), &[10, 10]);
+    }
 }

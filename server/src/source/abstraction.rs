@@ -66,6 +66,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// The extent of the chunks the source stores and decodes whole (a Zarr store's chunks
+    /// or shards): the grids are then cut in whole ones of them
+    /// ([`ChunkGrid::fitted`](crate::grid::ChunkGrid::fitted)). `None`: any region reads
+    /// alike (a `.npy` file).
+    fn native_chunk(&self) -> Option<Vec<u64>> {
+        None
+    }
+
     /// What the source's bytes are now (part of every chunk id).
     fn version(&self) -> ContentVersion;
 
@@ -79,6 +87,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// version and order).
     fn format_metadata(&self) -> Map<String, Value> {
         Map::new()
+    }
+
+    /// The size of one element along each axis and its unit (length units in µm), when the
+    /// format records them (an OME-Zarr image's `scale`); configured or sidecar values win.
+    fn physical_scale(&self) -> Option<(Vec<f64>, Vec<String>)> {
+        None
     }
 
     /// How reads at other resolutions than the source's are answered.
@@ -139,17 +153,36 @@ pub trait Source: Send + Sync + std::fmt::Debug {
 }
 
 /// How reads at other resolutions than the source's are answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scaling {
     /// Reduced from full resolution on demand (`scaled/`); plans advertise the pyramid
     /// policy's levels.
     Computed,
+    /// The source stores its own levels (an OME-Zarr image's datasets): plans advertise
+    /// them (`native: true`, `reduction_method` `precompute`), a `precompute` read of a
+    /// level's factors reads that level, and other scaled reads are reduced on demand.
+    Native {
+        /// Every stored level, full resolution first.
+        levels: Vec<NativeLevel>,
+    },
     /// Refused; only full resolution is served. `what` names the kind of tensor in the
     /// refusal (`"uploaded tensors"`).
     FullOnly {
         /// The kind of tensor, plural.
         what: &'static str,
     },
+}
+
+/// One level a source stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NativeLevel {
+    /// Its path within the source (an OME-Zarr dataset's `path`); the level is served under
+    /// the source's array id, a `.`, and this path with `/` as `.`.
+    pub path: String,
+    /// Its integer factor per axis against full resolution.
+    pub factors: Vec<u64>,
+    /// Its shape.
+    pub shape: Vec<u64>,
 }
 
 /// A region's bytes as one byte range of an open file.

@@ -409,7 +409,10 @@ impl Registry {
             }
             let labels_same = self.label_overrides.get(id) == candidate.dim_labels.as_ref()
                 && self.supplied.get(id) == candidate.supplied.as_ref();
-            let tensor = tensor.filter(|t| labels_same && t.is_current());
+            // The whole version as well: a store's chunk files are compared only here.
+            let tensor = tensor.filter(|t| {
+                labels_same && t.is_current() && t.version.file() == identity_at(&candidate.path)
+            });
             let refused = refused.filter(|r| {
                 labels_same
                     && self
@@ -776,9 +779,14 @@ impl Registry {
     }
 }
 
-/// Device, inode, size and mtime of the file at `path` now, or `None` if it cannot be stat'ed.
+/// Device, inode, size and mtime of the file at `path` now (a Zarr store: its tree's version,
+/// `source/zarr/version.rs`), or `None` if it cannot be stat'ed.
 pub fn identity_at(path: &Path) -> Option<FileVersion> {
-    std::fs::metadata(path).ok().map(|m| FileVersion::of(&m))
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_dir() {
+        return crate::source::zarr::tree_version(path);
+    }
+    Some(FileVersion::of(&meta))
 }
 
 /// What a source is opened with besides its path.
@@ -845,13 +853,13 @@ fn open_tensor(
     });
     let source = formats::open(path, &options.limits, place)?;
     let shape = source.shape();
+    let native = source.native_chunk();
     let plan_grid = |target: u64| {
-        ChunkGrid::plan(
-            shape,
-            source.dtype().itemsize as u64,
-            source.fortran_order(),
-            target,
-        )
+        let itemsize = source.dtype().itemsize as u64;
+        match &native {
+            Some(native) => ChunkGrid::fitted(shape, itemsize, native, target),
+            None => ChunkGrid::plan(shape, itemsize, source.fortran_order(), target),
+        }
         .map_err(|e| format!("{}: {e}", path.display()))
     };
     let grid = plan_grid(options.target_chunk_bytes)?;
@@ -871,12 +879,18 @@ fn open_tensor(
             ));
         }
     };
-    let meta = meta::load(
+    let mut meta = meta::load(
         path,
         rank,
         settings.supplied.as_deref(),
         confine.map(|c| &**c),
     );
+    if meta.physical_scale.is_empty()
+        && let Some((scale, unit)) = source.physical_scale()
+    {
+        meta.physical_scale = scale;
+        meta.physical_unit = unit;
+    }
     Ok(Tensor {
         array_id: id.to_string(),
         source_id: id.to_string(),
@@ -903,11 +917,14 @@ fn collect(
     let supplied = &spec.options.supplied;
     let meta = std::fs::metadata(path)?;
     let confine = Confine::served_folder(path).map(Arc::new);
-    if meta.is_file() {
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    // A file or store given by name is served under its stem; a store that is a group
+    // (an OME-Zarr image) also serves its members, under the stem and their path.
+    let named = meta.is_file() || formats::is_served(path, true);
+    let stem = path
+        .file_name()
+        .map(|s| formats::strip_extension(&s.to_string_lossy()).to_string())
+        .unwrap_or_default();
+    if named {
         out.push(Candidate {
             base: sanitize(alias.unwrap_or(&stem)),
             path: absolute(path),
@@ -915,28 +932,28 @@ fn collect(
             supplied: supplied.clone(),
             confine: confine.clone(),
         });
-        return Ok(());
+        if meta.is_file() || !formats::walks_into(path) {
+            return Ok(());
+        }
     }
+    let prefix = match alias {
+        Some(alias) => Some(alias.to_string()),
+        None if named => Some(stem),
+        None => None,
+    };
     let mut files = Vec::new();
     walk(path, &mut files, found)?;
     files.sort();
     for file in files {
         let rel = file.strip_prefix(path).unwrap_or(&file);
+        // Each component without the extension of a format (`cells.npy` → `cells`,
+        // `image.zarr/0` → `image.0`).
         let mut parts: Vec<String> = rel
             .iter()
-            .map(|c| c.to_string_lossy().into_owned())
+            .map(|c| formats::strip_extension(&c.to_string_lossy()).to_string())
             .collect();
-        // Without the extension of its format (`cells.npy` → `cells`).
-        if let Some(format) = formats::format_of(&file)
-            && let Some(last) = parts.last_mut()
-            && let Some(stripped) = last
-                .strip_suffix(format.extension)
-                .and_then(|rest| rest.strip_suffix('.'))
-        {
-            *last = stripped.to_string();
-        }
-        if let Some(alias) = alias {
-            parts.insert(0, alias.to_string());
+        if let Some(prefix) = &prefix {
+            parts.insert(0, prefix.clone());
         }
         out.push(Candidate {
             base: sanitize(&parts.join(".")),
@@ -949,20 +966,26 @@ fn collect(
     Ok(())
 }
 
-/// Recursively lists `.npy` files under `dir`; unreadable subdirectories are noted and skipped.
+/// Recursively lists the files and stores served under `dir` (into Zarr groups, not into
+/// arrays); unreadable subdirectories are noted and skipped.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>, found: &mut Discovery) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         let kind = entry.file_type()?;
-        if kind.is_dir() {
+        let is_dir = kind.is_dir();
+        let served = formats::is_served(&path, is_dir);
+        if is_dir && served {
+            out.push(path.clone());
+        }
+        if is_dir && (!served || formats::walks_into(&path)) {
             if let Err(err) = walk(&path, out, found) {
                 found
                     .problems
                     .push(format!("{}: directory skipped: {err}", path.display()));
                 found.not_seen(&path, &err);
             }
-        } else if formats::is_served(&path) && (kind.is_file() || path.is_file()) {
+        } else if !is_dir && served && (kind.is_file() || path.is_file()) {
             out.push(path);
         }
     }

@@ -343,7 +343,7 @@ impl AddPlan {
     fn files(&self) -> Result<Vec<PathBuf>, String> {
         let meta = std::fs::metadata(&self.resolved).map_err(|e| format!("cannot be read: {e}"))?;
         if meta.is_file() {
-            if crate::source::formats::is_served(&self.resolved) {
+            if crate::source::formats::is_served(&self.resolved, false) {
                 return Ok(vec![self.resolved.clone()]);
             }
             return Err("is not a .npy file".to_string());
@@ -354,6 +354,12 @@ impl AddPlan {
             );
         }
         let mut found = Vec::new();
+        if crate::source::formats::is_served(&self.resolved, true) {
+            found.push(self.resolved.clone());
+            if !crate::source::formats::walks_into(&self.resolved) {
+                return Ok(found);
+            }
+        }
         walk(&self.resolved, &mut found, self.max_files)?;
         found.sort();
         Ok(found)
@@ -408,21 +414,17 @@ fn over_cap(served: usize, options: &OpenOptions) -> String {
 impl Place {
     /// The id a new source at `file` is made from: the label and the path under the root.
     fn id_base(&self, file: &Path) -> String {
-        let label = self.label.strip_suffix(".npy").unwrap_or(&self.label);
-        let mut parts = vec![label.to_string()];
+        let strip = crate::source::formats::strip_extension;
+        let mut parts = vec![strip(&self.label).to_string()];
         if let Ok(rel) = file.strip_prefix(&self.root) {
-            parts.extend(rel.iter().map(|c| c.to_string_lossy().into_owned()));
-        }
-        if let Some(last) = parts.last_mut()
-            && let Some(stem) = last.strip_suffix(".npy")
-        {
-            *last = stem.to_string();
+            parts.extend(rel.iter().map(|c| strip(&c.to_string_lossy()).to_string()));
         }
         sanitize(&parts.join("."))
     }
 }
 
-/// Lists `.npy` files under `dir` (recursively, not following directory links); refused
+/// Lists the files and stores served under `dir` (recursively, not following directory
+/// links; into Zarr groups, not into arrays); refused
 /// once more than `max` are found.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
     let entries =
@@ -433,9 +435,14 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, max: usize) -> Result<(), String> {
         let Ok(kind) = entry.file_type() else {
             continue;
         };
-        if kind.is_dir() {
+        let is_dir = kind.is_dir();
+        let served = crate::source::formats::is_served(&path, is_dir);
+        if is_dir && (!served || crate::source::formats::walks_into(&path)) {
+            if served {
+                out.push(path.clone());
+            }
             walk(&path, out, max)?;
-        } else if crate::source::formats::is_served(&path) && (kind.is_file() || path.is_file()) {
+        } else if served && (is_dir || kind.is_file() || path.is_file()) {
             out.push(path);
             if out.len() > max {
                 return Err(format!(

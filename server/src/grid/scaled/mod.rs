@@ -132,7 +132,7 @@ pub enum ScaleError {
     },
     /// `precompute` names a native on-disk level, which a `.npy` source has none of.
     #[error(
-        "reduction_method '{method}' asks for a precomputed on-disk level, and a .npy source has none; the methods available are {METHOD_NAMES}"
+        "reduction_method '{method}' asks for a precomputed on-disk level, and this source stores none; the methods available are {METHOD_NAMES}"
     )]
     Precompute {
         /// The method as sent.

@@ -149,7 +149,14 @@ impl TesseraFlight {
                 let request = decode_flight_request(&descriptor.cmd)
                     .map_err(|e| malformed_command(&descriptor.cmd, e))?;
                 let read_path = self.state.read_path();
-                let tensor = read_path.tensor(&request.array_id)?;
+                let mut tensor = read_path.tensor(&request.array_id)?;
+                let mut request = request;
+                if let Some((level, level_request)) = plan::native_level(&tensor, &request)? {
+                    if let Some(level) = level {
+                        tensor = read_path.tensor(&level)?;
+                    }
+                    request = level_request;
+                }
                 let route = read_path.route_for(&tensor, loopback, route);
                 let planned = self.plan(&tensor, &request, route)?;
                 Ok(with_ends(tensor, planned))

@@ -168,6 +168,62 @@ pub fn requested_scale(
     Ok(scale)
 }
 
+/// A `precompute` read of a source that stores its levels: the id of the level its
+/// `scale_hint` names and the request to plan on it (the slice in the level's coordinates,
+/// start floored and stop ceiled by the factors; the reply keeps the tensor's array id).
+/// `None`: any other read, planned on `tensor` itself; level 0 is `tensor` at full
+/// resolution.
+pub fn native_level(
+    tensor: &Tensor,
+    request: &TensorReadOption,
+) -> ServiceResult<Option<(Option<String>, TensorReadOption)>> {
+    let Scaling::Native { levels } = tensor.source.scaling() else {
+        return Ok(None);
+    };
+    if !matches!(
+        request.reduction_method.as_str(),
+        "precompute" | "precomputed"
+    ) {
+        return Ok(None);
+    }
+    let hint: Vec<u64> = if request.scale_hint.is_empty() {
+        vec![1; tensor.shape().len()]
+    } else {
+        request
+            .scale_hint
+            .iter()
+            .map(|&f| f.max(0) as u64)
+            .collect()
+    };
+    let Some(level) = levels.iter().find(|l| l.factors == hint) else {
+        return Err(RequestError::NoNativeLevel {
+            array_id: tensor.array_id.clone(),
+            hint: request.scale_hint.clone(),
+            levels: levels.iter().map(|l| l.factors.clone()).collect(),
+        }
+        .into());
+    };
+    let mut level_request = request.clone();
+    level_request.scale_hint.clear();
+    level_request.reduction_method.clear();
+    if level.factors.iter().all(|&f| f == 1) {
+        return Ok(Some((None, level_request)));
+    }
+    if let Some(slice) = &mut level_request.slice_hint {
+        for (axis, (start, stop)) in slice.start.iter_mut().zip(&mut slice.stop).enumerate() {
+            let f = level.factors.get(axis).copied().unwrap_or(1).max(1) as i64;
+            let dim = level.shape.get(axis).copied().unwrap_or(0) as i64;
+            *start = start.div_euclid(f).min(dim);
+            *stop = (*stop + f - 1).div_euclid(f).min(dim);
+        }
+    }
+    let id = format!("{}.{}", tensor.array_id, level.path.replace('/', "."));
+    Ok(Some((
+        Some(crate::source::registry::sanitize(&id)),
+        level_request,
+    )))
+}
+
 /// The grid a plan on `route` is cut on.
 fn grid_for(tensor: &Tensor, route: Route) -> &ChunkGrid {
     match route {
@@ -281,6 +337,17 @@ fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel>
     let levels = match tensor.source.scaling() {
         Scaling::Computed => pyramid.levels(tensor.shape(), &tensor.dim_labels),
         Scaling::FullOnly { .. } => vec![vec![1; tensor.shape().len()]],
+        Scaling::Native { levels } => {
+            return levels
+                .into_iter()
+                .map(|level| PyramidLevel {
+                    shape: to_i64(&level.shape),
+                    scale_hint: to_i64(&level.factors),
+                    reduction_method: "precompute".to_string(),
+                    native: true,
+                })
+                .collect();
+        }
     };
     levels
         .into_iter()
