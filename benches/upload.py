@@ -3,8 +3,10 @@
 `upload_array` over loopback, against a warm `do_get` read of the same array in the same
 run, with the server's anonymous memory sampled during the upload (issue 18's target:
 upload >= 0.5x the warm read rate; anonymous memory bounded by the chunks in flight).
+With `--schemes cache,zarr` each repetition uploads once per store format, in turn, and
+a row is printed per format (docs/decisions/0031: what the Zarr store costs).
 
-    python benches/upload.py [--bin target/release/tessera] [--mib 256] [--reps 3]
+    python benches/upload.py [--bin target/release/tessera] [--mib 256] [--reps 3] [--schemes cache]
 """
 import argparse
 import os
@@ -57,6 +59,7 @@ def main():
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--work", default=None, help="directory for the state and cache dirs")
+    ap.add_argument("--schemes", default="cache", help="store formats to upload as, comma-separated")
     args = ap.parse_args()
     os.environ["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"  # reads travel do_get
     from biopb.tensor import TensorFlightClient
@@ -70,34 +73,37 @@ def main():
                                        "--cache-dir", work / "cache"])
     try:
         client = TensorFlightClient(server.location, cache_bytes=0)
-        uploads, reads, peaks = [], [], []
+        schemes = args.schemes.split(",")
+        uploads, reads, peaks = ({s: [] for s in schemes} for _ in range(3))
         for rep in range(args.reps):
-            desc = client.setup_array_upload(f"cache://scratch/@fields/bench{rep}", arr)
-            base = rss_anon_kib(server.pid)
-            with AnonSampler(server.pid) as sampler:
+            for scheme in schemes:
+                desc = client.setup_array_upload(f"{scheme}://scratch/@fields/bench{rep}-{scheme}", arr)
+                base = rss_anon_kib(server.pid)
+                with AnonSampler(server.pid) as sampler:
+                    t = time.perf_counter()
+                    status = client.upload_array(desc, arr)
+                    uploads[scheme].append(time.perf_counter() - t)
+                assert status["state"] == "READY", status
+                peaks[scheme].append((sampler.peak - base) / 1024)
+                got = client.get_tensor(desc.array_id).compute()  # warm-up, and a check
+                assert got.tobytes() == arr.tobytes()
                 t = time.perf_counter()
-                status = client.upload_array(desc, arr)
-                uploads.append(time.perf_counter() - t)
-            assert status["state"] == "READY", status
-            peaks.append((sampler.peak - base) / 1024)
-            got = client.get_tensor(desc.array_id).compute()  # warm-up, and a check
-            assert got.tobytes() == arr.tobytes()
-            t = time.perf_counter()
-            client.get_tensor(desc.array_id).compute()
-            reads.append(time.perf_counter() - t)
-            client.set_upload_status(desc, "DISCARDED")
+                client.get_tensor(desc.array_id).compute()
+                reads[scheme].append(time.perf_counter() - t)
+                client.set_upload_status(desc, "DISCARDED")
         chunk = list(desc.chunk_shape)
     finally:
         server.stop()
-    up, rd = statistics.median(uploads), statistics.median(reads)
     mib = nbytes / (1 << 20)
     print(f"array: {arr.shape} u16, {mib:.0f} MiB, server grid {chunk} "
           f"({np.prod(chunk) * 2 / (1 << 20):.0f} MiB chunks); median of {args.reps}")
-    print(f"upload_array:      {up:6.2f} s  {mib / up:7.0f} MiB/s")
-    print(f"warm do_get read:  {rd:6.2f} s  {mib / rd:7.0f} MiB/s")
-    print(f"upload / read rate: {rd / up:.2f}x")
-    print(f"server RssAnon growth during upload: median {statistics.median(peaks):.0f} MiB, "
-          f"max {max(peaks):.0f} MiB")
+    for scheme in schemes:
+        up, rd = statistics.median(uploads[scheme]), statistics.median(reads[scheme])
+        print(f"{scheme}:// upload_array:      {up:6.2f} s  {mib / up:7.0f} MiB/s")
+        print(f"{scheme}:// warm do_get read:  {rd:6.2f} s  {mib / rd:7.0f} MiB/s")
+        print(f"{scheme}:// upload / read rate: {rd / up:.2f}x")
+        print(f"{scheme}:// server RssAnon growth during upload: median "
+              f"{statistics.median(peaks[scheme]):.0f} MiB, max {max(peaks[scheme]):.0f} MiB")
 
 
 if __name__ == "__main__":

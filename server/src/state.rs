@@ -148,10 +148,18 @@ impl ServiceState {
         self.uploads.as_ref().map(|u| u.ready()).unwrap_or_default()
     }
 
-    /// `add_tensor`: declares an upload on a served source or on `scratch`.
+    /// `add_tensor`: declares an upload on a served source or on `scratch`, or a label set
+    /// of a served tensor.
     pub fn add_tensor(&self, request: &TensorDescriptor) -> ServiceResult<TensorDescriptor> {
         let uploads = self.uploads_for_write("add_tensor")?;
-        Ok(uploads.add(request, |source_id| self.resolve(source_id).is_ok())?)
+        Ok(uploads.add(request, |array_id| {
+            self.resolve(array_id)
+                .ok()
+                .map(|tensor| crate::uploads::Image {
+                    shape: tensor.shape().to_vec(),
+                    dim_labels: tensor.dim_labels.clone(),
+                })
+        })?)
     }
 
     /// `set_upload_status`: `None` answers UNKNOWN (discarding an id that is no upload).

@@ -38,6 +38,9 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
+    /// The upload's Zarr store failed (`zarr://` uploads).
+    #[error(transparent)]
+    Zarr(#[from] super::zarr_store::ZarrError),
 }
 
 impl DataError {
@@ -51,6 +54,7 @@ impl DataError {
                     Some(libc::ENOSPC) | Some(libc::EDQUOT)
                 )
             }
+            DataError::Zarr(source) => source.is_disk_full(),
         }
     }
 }

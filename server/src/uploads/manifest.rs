@@ -162,7 +162,7 @@ impl Manifest {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::uploads::record::State;
+    use crate::uploads::record::{State, StoreFormat};
 
     fn record(array_id: &str, uid: u64) -> UploadRecord {
         UploadRecord {
@@ -178,6 +178,7 @@ mod tests {
             ttl_seconds: Some(60),
             expires_at: Some(100),
             discarded_at: None,
+            format: StoreFormat::Cache,
         }
     }
 

@@ -6,6 +6,8 @@
 //! ```text
 //! uploads/manifest.redb        records and acknowledged chunks (manifest)
 //! uploads/data/<uid:016x>/     one segment store per upload (data), removed on discard
+//! uploads/zarr/<uid:016x>/     a `zarr://` upload's Zarr v2 store (zarr_store), removed on
+//!                              discard
 //! ```
 //!
 //! A chunk is acknowledged only after its bytes are fsynced in the upload's store and its
@@ -22,6 +24,7 @@ mod manifest;
 mod open;
 mod record;
 mod source;
+mod zarr_store;
 mod zeros;
 
 use std::collections::HashMap;
@@ -41,7 +44,7 @@ pub use error::UploadError;
 pub use id::{SCRATCH_SOURCE_ID, is_upload_id};
 pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits};
 pub use manifest::Manifest;
-pub use record::{State, UploadRecord};
+pub use record::{State, StoreFormat, UploadRecord};
 
 use crate::grid::chunk_id::{ChunkId, ContentVersion, UploadVersion};
 use crate::grid::{ChunkGrid, MAX_CHUNK_BYTES, Region};
@@ -49,6 +52,7 @@ use crate::source::npy::Dtype;
 use limits::{InFlight, PUT_ROOM_WAIT};
 use open::{DataSlot, OpenStores};
 use record::{Move, Refusal};
+use zarr_store::ZarrStore;
 
 /// Largest tensor an upload may declare: 1 TiB.
 pub const MAX_UPLOAD_BYTES: u64 = 1 << 40;
@@ -101,12 +105,18 @@ pub struct Upload {
     /// Discarded (its storage removed) but the manifest could not record it yet (a full
     /// disk): the sweep writes the record once it can.
     unsaved: AtomicBool,
+    /// The Zarr v2 store of a `zarr://` upload.
+    zarr: Option<ZarrStore>,
+    /// A chunk was put in place in the Zarr store but its cell was not committed (the
+    /// manifest failed): the store is made to hold exactly the acknowledged chunks before
+    /// the upload is sealed.
+    zarr_unsynced: AtomicBool,
 }
 
 impl Upload {
     fn new(
         record: UploadRecord,
-        data_root: &Path,
+        roots: &Roots,
         limits: &UploadLimits,
         stores: &Arc<OpenStores>,
     ) -> Result<Upload, String> {
@@ -114,6 +124,22 @@ impl Upload {
         let grid =
             ChunkGrid::with_chunk_shape(&record.shape, dtype.itemsize as u64, &record.chunk_shape)
                 .map_err(|e| e.to_string())?;
+        let zarr = match record.format {
+            StoreFormat::Cache => None,
+            StoreFormat::Zarr => {
+                let name = id::name_of(&record.array_id);
+                let store = ZarrStore::new(
+                    &roots.zarr.join(format!("{:016x}", record.uid)),
+                    name,
+                    &record.shape,
+                    &record.chunk_shape,
+                    &dtype,
+                    &record.dim_labels,
+                )
+                .map_err(|e| e.to_string())?;
+                Some(store)
+            }
+        };
         let bytes = record.shape.iter().product::<u64>() * dtype.itemsize as u64;
         let version = ContentVersion::Upload(UploadVersion {
             uid: record.uid,
@@ -121,7 +147,7 @@ impl Upload {
             created_ns: record.created_ns,
         });
         Ok(Upload {
-            dir: data_root.join(format!("{:016x}", record.uid)),
+            dir: roots.data.join(format!("{:016x}", record.uid)),
             slot: DataSlot::new(record.uid),
             stores: stores.clone(),
             record: Mutex::new(record),
@@ -137,6 +163,8 @@ impl Upload {
                  max_upload_bytes_in_flight_per_upload",
             ),
             unsaved: AtomicBool::new(false),
+            zarr,
+            zarr_unsynced: AtomicBool::new(false),
         })
     }
 
@@ -173,6 +201,12 @@ impl Upload {
     /// The directory of its segment store.
     pub fn data_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the Zarr v2 store of a `zarr://` upload is (the directory `zarr.open_array`
+    /// opens); `None` for a `cache://` upload.
+    pub fn zarr_path(&self) -> Option<&Path> {
+        self.zarr.as_ref().map(ZarrStore::path)
     }
 
     /// Where it stands.
@@ -227,17 +261,144 @@ impl Upload {
     /// while its directory goes.
     fn reclaim(&self) -> Result<bool, UploadError> {
         self.cells.lock().clear();
-        self.stores
-            .close_then(&self.slot, || match std::fs::remove_dir_all(&self.dir) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-                Err(source) => Err(UploadError::Io {
-                    action: "remove",
-                    path: self.dir.clone(),
-                    source,
-                }),
+        let zarr_removed = match &self.zarr {
+            Some(zarr) => remove_dir(zarr.root())?,
+            None => false,
+        };
+        let data_removed = self
+            .stores
+            .close_then(&self.slot, || remove_dir(&self.dir))?;
+        Ok(zarr_removed || data_removed)
+    }
+
+    /// Whether any of its storage is on disk.
+    fn has_storage(&self) -> bool {
+        self.dir.exists() || self.zarr.as_ref().is_some_and(|z| z.root().exists())
+    }
+
+    /// The acknowledged bytes of `cell` (the values, C order), read from its segment store.
+    fn acked_bytes(&self, cell: &Region) -> Result<Vec<u8>, UploadError> {
+        let array_id = self.array_id();
+        let index = self.grid.cell_index(cell).ok_or_else(|| {
+            UploadError::invalid("resync", format!("a cell of '{array_id}' is off its grid"))
+        })?;
+        let Some(key) = self.cells.lock().get(&index).cloned() else {
+            return Err(UploadError::invalid(
+                "resync",
+                format!("a cell of '{array_id}' is not acknowledged"),
+            ));
+        };
+        let len = cell
+            .num_elements()
+            .and_then(|n| usize::try_from(n.saturating_mul(self.dtype.itemsize as u64)).ok())
+            .unwrap_or(usize::MAX);
+        let entry = self
+            .data()?
+            .read(&key)
+            .map_err(|source| UploadError::Data {
+                array_id: array_id.clone(),
+                source,
+            })?
+            .ok_or_else(|| {
+                UploadError::invalid(
+                    "resync",
+                    format!("a chunk of '{array_id}' is missing from its store"),
+                )
+            })?;
+        let start = tessera_segments::ipc::DATA_BODY_OFFSET as usize;
+        entry
+            .body
+            .get(start..start.saturating_add(len))
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                UploadError::invalid("resync", format!("a chunk of '{array_id}' is malformed"))
             })
     }
+
+    /// Makes its Zarr store hold exactly its acknowledged chunks (see
+    /// [`ZarrStore::resync`]). Blocking; reads every acknowledged chunk.
+    fn resync_zarr(&self) -> Result<(), UploadError> {
+        let Some(zarr) = &self.zarr else {
+            return Ok(());
+        };
+        if !zarr.path().join(".zarray").exists() {
+            // Removed from under the server: written again, then filled below.
+            zarr.create().map_err(|source| UploadError::Data {
+                array_id: self.array_id(),
+                source: source.into(),
+            })?;
+        }
+        let mut acked: Vec<Region> = self
+            .cells
+            .lock()
+            .keys()
+            .filter_map(|&i| self.grid.cell_at(i))
+            .collect();
+        acked.sort_by(|a, b| a.start.cmp(&b.start));
+        zarr.resync(&acked, |cell| self.acked_bytes(cell))
+            .map_err(|err| match err {
+                zarr_store::ResyncError::Zarr(source) => UploadError::Data {
+                    array_id: self.array_id(),
+                    source: source.into(),
+                },
+                zarr_store::ResyncError::Acked(err) => err,
+            })?;
+        self.zarr_unsynced.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Removes `dir` and what it holds; whether it was there.
+fn remove_dir(dir: &Path) -> Result<bool, UploadError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(UploadError::Io {
+            action: "remove",
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Where the uploads' bytes live: `uploads/data` (segment stores) and `uploads/zarr`
+/// (the Zarr stores of `zarr://` uploads).
+struct Roots {
+    data: PathBuf,
+    zarr: PathBuf,
+}
+
+/// What `add_tensor` needs to know of the served tensor a label set is added to.
+pub struct Image {
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Its axis labels.
+    pub dim_labels: Vec<String>,
+}
+
+/// Whether a label set of `shape` spans `image`: the image's axes at its lengths, the
+/// channel axis (`c`) a singleton; the refusal says why not.
+fn check_spans(id: &str, image_id: &str, image: &Image, shape: &[u64]) -> Result<(), String> {
+    let spans = shape.len() == image.shape.len()
+        && shape
+            .iter()
+            .zip(&image.shape)
+            .zip(&image.dim_labels)
+            .all(|((&s, &i), label)| {
+                if label.eq_ignore_ascii_case("c") {
+                    s == 1
+                } else {
+                    s == i
+                }
+            });
+    if spans {
+        return Ok(());
+    }
+    Err(format!(
+        "'{id}': a label set has its image's axes at its image's lengths, the channel axis \
+         'c' a singleton; shape {shape:?} does not span '{image_id}' ({:?}, axes {:?})",
+        image.shape, image.dim_labels
+    ))
 }
 
 /// A chunk named by a ticket, checked against its upload: the upload and the cell index.
@@ -270,7 +431,7 @@ impl ChunkTarget {
 /// Every upload of one state directory.
 pub struct Uploads {
     manifest: Manifest,
-    data_root: PathBuf,
+    roots: Roots,
     table: RwLock<HashMap<String, Arc<Upload>>>,
     /// Grid target for uploads whose requested chunk shape is not usable.
     target_chunk_bytes: u64,
@@ -307,6 +468,18 @@ impl Uploads {
             path: data_root.clone(),
             source,
         })?;
+        let zarr_root = dir.join("zarr");
+        std::fs::create_dir_all(&zarr_root).map_err(|source| UploadError::Io {
+            action: "create",
+            path: zarr_root.clone(),
+            source,
+        })?;
+        // Absolute, so the path `metadata_json` gives a user opens from anywhere.
+        let zarr_root = std::fs::canonicalize(&zarr_root).unwrap_or(zarr_root);
+        let roots = Roots {
+            data: data_root,
+            zarr: zarr_root,
+        };
         let manifest = Manifest::open(&dir.join("manifest.redb"))?;
         let stores = OpenStores::new(limits.open_stores);
         let mut table = HashMap::new();
@@ -314,7 +487,7 @@ impl Uploads {
         for (record, cells) in manifest.load()? {
             last_uid = last_uid.max(record.uid);
             let array_id = record.array_id.clone();
-            let upload = match Upload::new(record, &data_root, &limits, &stores) {
+            let upload = match Upload::new(record, &roots, &limits, &stores) {
                 Ok(upload) => upload,
                 Err(reason) => {
                     tracing::error!(%array_id, %reason, "upload record cannot be served; left in the manifest");
@@ -326,7 +499,7 @@ impl Uploads {
         }
         let uploads = Arc::new(Uploads {
             manifest,
-            data_root,
+            roots,
             table: RwLock::new(table),
             target_chunk_bytes,
             scratch_max_ttl: u32::try_from(scratch_max_ttl.as_secs())
@@ -345,6 +518,7 @@ impl Uploads {
         });
         uploads.remove_orphan_dirs();
         uploads.check_chunks_present();
+        uploads.resync_pending_zarr();
         uploads.sweep();
         let weak = Arc::downgrade(&uploads);
         std::thread::Builder::new()
@@ -358,19 +532,24 @@ impl Uploads {
         Ok(uploads)
     }
 
-    /// Removes data directories no live upload names (left by a crash mid-discard).
+    /// Removes data and Zarr directories no live upload names (left by a crash
+    /// mid-discard, or by an `add_tensor` whose record was never written).
     fn remove_orphan_dirs(&self) {
         let live: std::collections::HashSet<PathBuf> = self
             .table
             .read()
             .values()
             .filter(|u| u.state() != State::Discarded)
-            .map(|u| u.dir.clone())
+            .flat_map(|u| {
+                let zarr = u.zarr.as_ref().map(|z| z.root().to_path_buf());
+                std::iter::once(u.dir.clone()).chain(zarr)
+            })
             .collect();
-        let Ok(entries) = std::fs::read_dir(&self.data_root) else {
-            return;
-        };
-        for entry in entries.flatten() {
+        let listed = [&self.roots.data, &self.roots.zarr]
+            .into_iter()
+            .filter_map(|root| std::fs::read_dir(root).ok())
+            .flatten();
+        for entry in listed.flatten() {
             let path = entry.path();
             if !live.contains(&path) {
                 match std::fs::remove_dir_all(&path) {
@@ -420,6 +599,37 @@ impl Uploads {
         }
     }
 
+    /// Makes the Zarr store of every PENDING `zarr://` upload hold exactly its
+    /// acknowledged chunks: the server may have stopped between a chunk file put in place
+    /// and its cell's commit. A sealed upload needs none (it was synced before it was
+    /// sealed, and takes no chunks since) beyond emptying `incoming/`; one that cannot be
+    /// synced is discarded, since its store could no longer be trusted.
+    fn resync_pending_zarr(&self) {
+        for upload in self.all() {
+            let Some(zarr) = &upload.zarr else {
+                continue;
+            };
+            match upload.state() {
+                State::Pending => {}
+                State::Ready => {
+                    if let Err(err) = zarr.clear_incoming() {
+                        tracing::warn!(array_id = %upload.array_id(), error = %err, "cannot empty a Zarr upload's incoming folder");
+                    }
+                    continue;
+                }
+                State::Discarded => continue,
+            }
+            if let Err(err) = upload.resync_zarr() {
+                let array_id = upload.array_id();
+                tracing::error!(%array_id, error = %err, "cannot bring a Zarr upload's store in line with its acknowledged chunks; discarding it");
+                let reason = format!("its Zarr store could not be checked after a restart: {err}");
+                if let Err(err) = self.set_status(&array_id, State::Discarded, &reason) {
+                    tracing::warn!(%array_id, error = %err, "cannot discard an upload");
+                }
+            }
+        }
+    }
+
     fn all(&self) -> Vec<Arc<Upload>> {
         self.table.read().values().cloned().collect()
     }
@@ -455,25 +665,30 @@ impl Uploads {
         }
     }
 
-    /// `add_tensor`: declares a tensor on a served source (`source_exists` says which are)
-    /// or on `scratch`, and answers its descriptor: the server's grid, the granted
-    /// lifetime and a PENDING status.
+    /// `add_tensor`: declares a tensor on a served source or on `scratch`, or a label set
+    /// of a served tensor (`served` describes the served tensor an id names, if any), and
+    /// answers its descriptor: the server's grid, the granted lifetime and a PENDING
+    /// status.
     pub fn add(
         &self,
         request: &TensorDescriptor,
-        source_exists: impl Fn(&str) -> bool,
+        served: impl Fn(&str) -> Option<Image>,
     ) -> Result<TensorDescriptor, UploadError> {
         const CALL: &str = "add_tensor";
         let new = id::parse_new(&request.array_id).map_err(|r| UploadError::invalid(CALL, r))?;
         let array_id = new.array_id();
         crate::source::sources::check_array_id_len(&array_id)
             .map_err(|e| UploadError::invalid(CALL, e.to_string()))?;
-        if new.source_id != SCRATCH_SOURCE_ID && !source_exists(&new.source_id) {
-            return Err(UploadError::NoSource {
-                array_id: request.array_id.clone(),
-                source_id: new.source_id,
-            });
-        }
+        let image = match &new.labels_of {
+            Some(image_id) => Some(self.image_of(&request.array_id, image_id, &served)?),
+            None if new.source_id != SCRATCH_SOURCE_ID && served(&new.source_id).is_none() => {
+                return Err(UploadError::NoSource {
+                    array_id: request.array_id.clone(),
+                    source_id: new.source_id,
+                });
+            }
+            None => None,
+        };
         if !request.metadata_json.is_empty() {
             return Err(UploadError::invalid(
                 CALL,
@@ -500,6 +715,22 @@ impl Uploads {
                 CALL,
                 "shape has no axes: a tensor has at least one",
             ));
+        }
+        if let (Some(image), Some(image_id)) = (&image, &new.labels_of) {
+            check_spans(&request.array_id, image_id, image, &shape)
+                .map_err(|r| UploadError::invalid(CALL, r))?;
+            if !matches!(
+                dtype.kind,
+                crate::source::npy::Kind::Int | crate::source::npy::Kind::UInt
+            ) {
+                return Err(UploadError::invalid(
+                    CALL,
+                    format!(
+                        "'{}': a label set holds integer labels; dtype '{}' is not an integer",
+                        request.array_id, request.dtype
+                    ),
+                ));
+            }
         }
         let itemsize = dtype.itemsize as u64;
         let bytes = shape
@@ -548,10 +779,10 @@ impl Uploads {
                 ),
             ));
         }
-        let dim_labels = if request.dim_labels.is_empty() {
-            crate::grid::default_dim_labels(&shape)
-        } else {
-            request.dim_labels.clone()
+        let dim_labels = match &image {
+            _ if !request.dim_labels.is_empty() => request.dim_labels.clone(),
+            Some(image) => image.dim_labels.clone(),
+            None => crate::grid::default_dim_labels(&shape),
         };
         let ttl_seconds = match request.ttl_seconds {
             Some(0) => {
@@ -579,9 +810,10 @@ impl Uploads {
             ttl_seconds,
             expires_at: ttl_seconds.map(|t| now.saturating_add(u64::from(t))),
             discarded_at: None,
+            format: new.format,
         };
         let upload = Arc::new(
-            Upload::new(record.clone(), &self.data_root, &self.limits, &self.stores)
+            Upload::new(record.clone(), &self.roots, &self.limits, &self.stores)
                 .map_err(|r| UploadError::invalid(CALL, r))?,
         );
         {
@@ -598,10 +830,16 @@ impl Uploads {
                     limit: self.max_uploads,
                 });
             }
+            if let Some(zarr) = &upload.zarr {
+                zarr.create().map_err(|source| UploadError::Data {
+                    array_id: array_id.clone(),
+                    source: source.into(),
+                })?;
+            }
             self.manifest.put_record(&record)?;
             table.insert(array_id.clone(), upload.clone());
         }
-        tracing::info!(%array_id, shape = ?record.shape, dtype = %record.dtype, chunk_shape = ?record.chunk_shape, "upload added");
+        tracing::info!(%array_id, shape = ?record.shape, dtype = %record.dtype, chunk_shape = ?record.chunk_shape, zarr_store = ?upload.zarr_path(), "upload added");
         Ok(TensorDescriptor {
             array_id,
             dim_labels: record.dim_labels,
@@ -612,6 +850,43 @@ impl Uploads {
             upload_status: Some(upload.status()),
             ..Default::default()
         })
+    }
+
+    /// The served tensor `image_id` a label set (`requested`) is added to: an upload must be
+    /// READY (a PENDING one has no extent anyone may read yet).
+    fn image_of(
+        &self,
+        requested: &str,
+        image_id: &str,
+        served: &impl Fn(&str) -> Option<Image>,
+    ) -> Result<Image, UploadError> {
+        if is_upload_id(image_id) {
+            if let Some(upload) = self.get(image_id) {
+                if upload.state() != State::Ready {
+                    return Err(UploadError::invalid(
+                        "add_tensor",
+                        format!(
+                            "'{requested}': a label set is added to a READY tensor; '{image_id}' \
+                             is {}",
+                            upload.state().name()
+                        ),
+                    ));
+                }
+                return Ok(Image {
+                    shape: upload.shape().to_vec(),
+                    dim_labels: upload.dim_labels(),
+                });
+            }
+        } else if let Some(image) = served(image_id) {
+            return Ok(image);
+        }
+        Err(UploadError::invalid(
+            "add_tensor",
+            format!(
+                "'{requested}' asks for a Zarr label set of '{image_id}', which is no tensor \
+                 this server serves"
+            ),
+        ))
     }
 
     /// The grid of a new upload: the requested chunk shape when it names chunks of at most
@@ -692,6 +967,9 @@ impl Uploads {
                     true
                 }
                 Ok(Move::To(next)) => {
+                    if upload.zarr_unsynced.load(Ordering::Acquire) {
+                        upload.resync_zarr()?;
+                    }
                     let mut changed = record.clone();
                     changed.state = next;
                     self.manifest.put_record(&changed)?;
@@ -829,23 +1107,51 @@ impl Uploads {
                 limit,
             });
         }
+        let data_error = |source: data::DataError| UploadError::Data {
+            array_id: target.id.array_id().to_string(),
+            source,
+        };
+        let staged = match &upload.zarr {
+            Some(zarr) => Some(
+                zarr.stage(cell, &slices)
+                    .map_err(|e| data_error(e.into()))?,
+            ),
+            None => None,
+        };
         let mut key = target.id.encode();
         key.extend_from_slice(&self.next_uid().to_be_bytes());
-        data.append_durable(&key, &upload.meta_of(cell), &slices)
-            .map_err(|source| UploadError::Data {
-                array_id: target.id.array_id().to_string(),
-                source,
-            })?;
+        let appended = data.append_durable(&key, &upload.meta_of(cell), &slices);
         let record = upload.record.lock();
-        if record.state != State::Pending {
-            return Err(UploadError::Closed {
+        let refusal = match appended {
+            Err(source) => Some(data_error(source)),
+            Ok(_) if record.state != State::Pending => Some(UploadError::Closed {
                 call: CALL,
                 array_id: record.array_id.clone(),
                 state: record.state,
                 detail: record.reason.clone(),
-            });
+            }),
+            Ok(_) => None,
+        };
+        if let Some(refusal) = refusal {
+            if let (Some(zarr), Some(staged)) = (&upload.zarr, staged) {
+                zarr.forget(staged);
+            }
+            return Err(refusal);
         }
-        self.manifest.put_chunk(record.uid, target.cell, &key)?;
+        if let (Some(zarr), Some(staged)) = (&upload.zarr, staged) {
+            // In place only while the upload takes chunks (the record is locked), just
+            // before the commit: a seal never sees a chunk file its cell does not match.
+            if let Err(err) = zarr.commit(staged) {
+                upload.zarr_unsynced.store(true, Ordering::Release);
+                return Err(data_error(err.into()));
+            }
+        }
+        if let Err(err) = self.manifest.put_chunk(record.uid, target.cell, &key) {
+            if upload.zarr.is_some() {
+                upload.zarr_unsynced.store(true, Ordering::Release);
+            }
+            return Err(err.into());
+        }
         upload.cells.lock().insert(target.cell, key);
         Ok(())
     }
@@ -872,7 +1178,7 @@ impl Uploads {
             if state != State::Discarded {
                 continue;
             }
-            if upload.dir.exists() {
+            if upload.has_storage() {
                 self.reclaim(&upload);
             }
             if upload.unsaved.load(Ordering::Acquire) {
@@ -969,7 +1275,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let uploads = open(tmp.path());
         let request = descriptor("r");
-        uploads.add(&request, |_| false).unwrap();
+        uploads.add(&request, |_| None).unwrap();
         let upload = uploads.get("scratch/@fields/r").unwrap();
         let (ticket, batch) = chunk_of(&upload, 0);
         uploads
@@ -990,17 +1296,116 @@ mod tests {
     }
 
     #[test]
+    fn a_zarr_upload_keeps_a_zarr_store_of_exactly_its_acknowledged_chunks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let array_id = "scratch/@fields/z";
+        let mut request = descriptor("z");
+        request.array_id = "zarr://scratch/@fields/z".to_string();
+        let store = {
+            let uploads = open(tmp.path());
+            assert_eq!(uploads.add(&request, |_| None).unwrap().array_id, array_id);
+            let upload = uploads.get(array_id).unwrap();
+            let store = upload.zarr_path().unwrap().to_path_buf();
+            assert!(store.join(".zarray").exists() && store.join(".zattrs").exists());
+            let (ticket, batch) = chunk_of(&upload, 0);
+            uploads
+                .put(&uploads.put_target(&ticket).unwrap(), &[batch])
+                .unwrap();
+            let values: Vec<u8> = (0u16..12).flat_map(u16::to_le_bytes).collect();
+            assert_eq!(std::fs::read(store.join("0.0")).unwrap(), values);
+            // A crash between a chunk file put in place and its commit: a file of a cell
+            // never acknowledged.
+            std::fs::write(store.join("1.0"), [7u8; 24]).unwrap();
+            store
+        };
+        {
+            let uploads = open(tmp.path());
+            let upload = uploads.get(array_id).unwrap();
+            assert_eq!(upload.zarr_path(), Some(store.as_path()));
+            assert!(store.join("0.0").exists());
+            assert!(
+                !store.join("1.0").exists(),
+                "the unacknowledged chunk file is removed"
+            );
+        }
+        // A store removed from under a PENDING upload is written again at open.
+        std::fs::remove_dir_all(&store).unwrap();
+        let uploads = open(tmp.path());
+        let upload = uploads.get(array_id).unwrap();
+        assert!(store.join(".zarray").exists() && store.join("0.0").exists());
+        uploads.set_status(array_id, State::Ready, "").unwrap();
+        let meta = upload.tensor().metadata_json();
+        assert!(meta.contains("zarr_store"), "{meta}");
+        uploads
+            .set_status(array_id, State::Discarded, "done")
+            .unwrap();
+        assert!(!store.exists() && !upload.data_dir().exists());
+    }
+
+    fn upload_labels(uploads: &Uploads, array_id: &str) -> Vec<String> {
+        uploads.get(array_id).unwrap().dim_labels()
+    }
+
+    #[test]
+    fn a_label_set_spans_a_ready_image_and_is_an_upload_of_its_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let uploads = open(tmp.path());
+        let mut image = descriptor("img");
+        image.array_id = "zarr://scratch/@fields/img".to_string();
+        uploads.add(&image, |_| None).unwrap();
+        let mut set = descriptor("x");
+        set.array_id = "zarr://scratch/@fields/img/@labels/nuclei".to_string();
+        set.dtype = "<u4".to_string();
+        set.dim_labels = Vec::new();
+        let refused = |r: Result<TensorDescriptor, UploadError>| r.err().unwrap().to_string();
+        assert!(refused(uploads.add(&set, |_| None)).contains("is PENDING"));
+        uploads
+            .set_status("scratch/@fields/img", State::Ready, "")
+            .unwrap();
+        let desc = uploads.add(&set, |_| None).unwrap();
+        assert_eq!(desc.array_id, "scratch/@fields/img/@labels/nuclei");
+        assert_eq!(
+            desc.dim_labels,
+            upload_labels(&uploads, "scratch/@fields/img")
+        );
+        let upload = uploads.get(&desc.array_id).unwrap();
+        assert!(upload.zarr_path().unwrap().ends_with("nuclei.zarr"));
+        let mut wrong = set.clone();
+        wrong.array_id = "zarr://scratch/@fields/img/@labels/wide".to_string();
+        wrong.shape = vec![4, 7];
+        assert!(refused(uploads.add(&wrong, |_| None)).contains("does not span"));
+        let mut float = set.clone();
+        float.array_id = "zarr://scratch/@fields/img/@labels/f".to_string();
+        float.dtype = "<f4".to_string();
+        assert!(refused(uploads.add(&float, |_| None)).contains("integer labels"));
+        let mut served = set.clone();
+        served.array_id = "zarr://image/@labels/cells".to_string();
+        let image_of = |id: &str| {
+            (id == "image").then(|| Image {
+                shape: vec![4, 6],
+                dim_labels: vec!["y".into(), "x".into()],
+            })
+        };
+        assert_eq!(
+            uploads.add(&served, image_of).unwrap().dim_labels,
+            ["y", "x"].map(String::from).to_vec()
+        );
+        served.array_id = "zarr://nosuch/@labels/cells".to_string();
+        assert!(refused(uploads.add(&served, image_of)).contains("no tensor this server serves"));
+    }
+
+    #[test]
     fn chunks_and_states_survive_a_reopen_and_a_discard_reclaims() {
         let tmp = tempfile::tempdir().unwrap();
         let request = descriptor("t");
         let array_id = "scratch/@fields/t";
         {
             let uploads = open(tmp.path());
-            let desc = uploads.add(&request, |_| false).unwrap();
+            let desc = uploads.add(&request, |_| None).unwrap();
             assert_eq!(desc.array_id, array_id);
             assert_eq!(desc.ttl_seconds, Some(600));
             assert!(matches!(
-                uploads.add(&request, |_| false),
+                uploads.add(&request, |_| None),
                 Err(UploadError::Taken { .. })
             ));
             let upload = uploads.get(array_id).unwrap();

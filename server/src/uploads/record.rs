@@ -52,6 +52,17 @@ impl State {
     }
 }
 
+/// How an upload's bytes are kept, as its `add_tensor` scheme said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoreFormat {
+    /// `cache://`: in its segment store only.
+    #[default]
+    Cache,
+    /// `zarr://`: in its segment store and, as well, a Zarr v2 store a user can take away
+    /// (docs/decisions/0031).
+    Zarr,
+}
+
 /// What a requested move does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Move {
@@ -116,6 +127,9 @@ pub struct UploadRecord {
     pub expires_at: Option<u64>,
     /// Unix seconds at which it was discarded.
     pub discarded_at: Option<u64>,
+    /// How its bytes are kept (absent from records written before Zarr uploads: `cache`).
+    #[serde(default)]
+    pub format: StoreFormat,
 }
 
 impl UploadRecord {

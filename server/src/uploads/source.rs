@@ -208,6 +208,19 @@ impl Source for Upload {
         Some(Upload::dim_labels(self))
     }
 
+    /// A `zarr://` upload's `zarr_store`: the absolute path of its Zarr v2 store, for a
+    /// user to open or copy (docs/decisions/0031).
+    fn format_metadata(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut map = serde_json::Map::new();
+        if let Some(path) = self.zarr_path() {
+            map.insert(
+                "zarr_store".to_string(),
+                path.to_string_lossy().into_owned().into(),
+            );
+        }
+        map
+    }
+
     fn scaling(&self) -> Scaling {
         Scaling::FullOnly {
             what: "uploaded tensors",
