@@ -30,13 +30,11 @@ struct Stamp {
 
 impl Stamp {
     fn of(meta: &std::fs::Metadata) -> Stamp {
+        let file = FileVersion::of(meta);
         Stamp {
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: meta
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(meta.mtime_nsec()),
+            ino: file.ino,
+            size: file.size,
+            mtime_ns: file.mtime_ns,
         }
     }
 }
