@@ -21,18 +21,21 @@
 //!
 //! Peak memory is one piece ([`TILE_BYTES`]), the output chunk, and at most
 //! [`WORK_BYTES`] of running sums and rows of working values, whatever the factors
-//! ([`decode_bytes`]). A computation checks its stop flag before every piece and gives up
+//! ([`decode_bytes`]); for a source that decodes whole native chunks (Zarr), also the box
+//! of native chunks the pieces are cut from (`band.rs`, at most 256 MiB). A computation checks its stop flag before every piece and gives up
 //! with [`ReduceError::Cancelled`] once it is set (its caller is gone).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::grid::Region;
+mod band;
 mod kernel;
 
 use crate::grid::scaled::{Method, Scale};
 use crate::source::npy::{ByteOrder, Dtype, Kind};
 use crate::source::{Source, SourceError};
+use band::Band;
 use kernel::{Elem, IntElem, Pairwise, Work};
 
 /// The most source bytes read into memory at once (one piece).
@@ -173,6 +176,8 @@ fn area_by_dtype(job: &Job<'_>, dtype: Dtype, out: &mut [u8]) -> Result<(), Redu
 /// One scaled chunk to compute.
 struct Job<'a> {
     file: &'a dyn Source,
+    /// For a source that decodes whole native chunks: the box of them last read.
+    band: Option<Band>,
     /// The block's absolute start in the tensor.
     origin: &'a [u64],
     /// The block's extent per axis.
@@ -263,6 +268,7 @@ impl<'a> Job<'a> {
             .collect();
         Job {
             file,
+            band: Band::of(file, shape, itemsize),
             origin: &region.start,
             extent,
             factors,
@@ -293,7 +299,10 @@ impl<'a> Job<'a> {
         let elements: u64 = start.iter().zip(stop).map(|(a, b)| b - a).product();
         buf.clear();
         buf.resize((elements * self.itemsize) as usize, 0);
-        self.file.read_region(&abs_start, &abs_stop, buf)
+        match &self.band {
+            Some(band) => band.read(self.file, &abs_start, &abs_stop, buf),
+            None => self.file.read_region(&abs_start, &abs_stop, buf),
+        }
     }
 
     /// `a[::s0, ::s1, …]`: one output row at a time, the last axis in segments.
