@@ -32,6 +32,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import resource
 import shutil
 import subprocess
@@ -311,13 +312,26 @@ def cold_rows(start, ids_of, reps, res, system):
                      "bytes": res.info["level0_bytes"], "page_cache_dropped": dropped})
 
 
+def tessera_server(binary, data, cache, state):
+    """`tessera serve DATA` with an empty cache directory and an empty state directory (the
+    state directory remembers which path holds an id: a shared one could rename the stores)."""
+    for d in (cache, state):
+        shutil.rmtree(d, ignore_errors=True)
+    return bench.Server(binary, [data], cache, ["--state-dir", state])
+
+
 def tessera_phase(args, data, work, res, cold_reps, warm_reps):
     ids = {n: n for n in CODECS}
     stores = {n: data / f"{n}.zarr" for n in CODECS}
     cache = work / "tessera-warm-cache"
-    shutil.rmtree(cache, ignore_errors=True)
-    server = bench.Server(args.bin, [data], cache)
+    server = tessera_server(args.bin, data, cache, work / "tessera-warm-state")
     try:
+        grids = {}
+        for line in server.log:
+            m = re.search(r"serving source source_id=(\S+) .*chunk=(\[[^\]]*\])", line)
+            if m:
+                grids[m.group(1)] = json.loads(m.group(2))
+        res.info["tessera_grid"] = {n: grids.get(n) for n in CODECS}
         warm_rows(server, ids, stores, warm_reps, res, "Tessera",
                   locates=lambda: bench.cache_stats(server.location)["locates"])
     finally:
@@ -326,8 +340,7 @@ def tessera_phase(args, data, work, res, cold_reps, warm_reps):
     cold = work / "tessera-cold-cache"
 
     def start():
-        shutil.rmtree(cold, ignore_errors=True)
-        return bench.Server(args.bin, [data], cold)
+        return tessera_server(args.bin, data, cold, work / "tessera-cold-state")
 
     try:
         cold_rows(start, lambda _s: ids, cold_reps, res, "Tessera")
@@ -351,6 +364,39 @@ def zarr_phase(data, res, cold_reps, warm_reps):
             if cold:
                 row["page_cache_dropped"] = r.get("page_cache_dropped", False)
             res.add(f"{name} {'cold' if cold else 'warm'}, zarr-python", row)
+
+
+def npy_phase(args, data, work, res, warm_reps):
+    """The anchor of "warm as for `.npy`": level 0 of the lz4 store saved as a `.npy` file
+    (the same values), served by Tessera and read warm over both routes."""
+    import numpy as np
+    import zarr
+
+    folder = work / "npy"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "vol.npy"
+    stamp = work / "state" / "vol.npy.stamp.json"
+    want = store_stamp(res.info["shapes"][0])
+    if not (path.exists() and stamp.exists() and json.loads(stamp.read_text()) == want):
+        print(f"  writing {path}", flush=True)
+        np.save(path, zarr.open_array(str(data / "lz4.zarr" / "0"), mode="r")[...])
+        stamp.write_text(json.dumps(want))
+    cache = work / "tessera-npy-cache"
+    server = tessera_server(args.bin, path, cache, work / "tessera-npy-state")
+    try:
+        nbytes = res.info["level0_bytes"]
+        for mode in MODES:
+            bench.run_worker(read_job(server.location, "vol", mode, 0, verify=True, paths=[str(path)]))
+            before = bench.cache_stats(server.location)["locates"]
+            cpu0 = server.cpu_seconds()
+            r = bench.run_worker(read_job(server.location, "vol", mode, warm_reps))
+            row = {"times": r["times"], "server_cpu": (server.cpu_seconds() - cpu0) / max(warm_reps, 1),
+                   "client_cpu": r["client_cpu"], "bytes": nbytes,
+                   "locates": bench.cache_stats(server.location)["locates"] - before}
+            res.add(f"npy warm {mode}, Tessera", row)
+    finally:
+        server.stop()
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def reference_phase(data, work, res, cold_reps, warm_reps, shapes):
@@ -420,6 +466,12 @@ def table(res) -> str:
                     lines.append(f"| {name} | {state} {route} | {system} | {fmt_ms(t)} | "
                                  f"{row['bytes'] / t / 1e6:.0f} | {'' if cpu is None else f'{cpu:.2f}'} | "
                                  f"{row['client_cpu']:.2f} | {ratio} |")
+    for mode in MODES:
+        row = res.rows.get(f"npy warm {mode}, Tessera")
+        if row:
+            t = median(row["times"])
+            lines.append(f"| `.npy` of lz4's level 0 | warm {mode.replace('doget', 'do_get')} | Tessera | {fmt_ms(t)} | "
+                         f"{row['bytes'] / t / 1e6:.0f} | {row['server_cpu']:.2f} | {row['client_cpu']:.2f} | |")
     return "\n".join(lines)
 
 
@@ -440,6 +492,9 @@ def ratios(res) -> str:
                     parts.append(f"biopb server / Tessera **{median(theirs['times']) / t:.2f}×**")
                 if zp:
                     parts.append(f"Tessera / zarr-python **{t / median(zp['times']):.2f}×**")
+                npy = res.rows.get(f"npy warm {mode}, Tessera")
+                if state == "warm" and npy:
+                    parts.append(f"Tessera zarr / Tessera `.npy` **{t / median(npy['times']):.2f}×**")
                 if parts:
                     out.append(f"- {name} {state} {mode}: " + "; ".join(parts))
     return "\n".join(out)
@@ -485,7 +540,8 @@ this run with each other only.
 microscopy-like u16 volume, written by zarr-python {i['zarr_version']}: a dark offset, a
 smooth background haze, 24 Gaussian "cells" whose brightness follows a focus curve in z,
 shot noise (√signal) and read noise; levels {shapes} (2× mean downsampling in y and x).
-Chunks `(1, 1024, 1024)` (2 MiB decoded): bioformats2raw's default tile (1024 × 1024, one
+Chunks `(1, 1024, 1024)` (2 MiB decoded; Tessera fits its grid to them: level-0 cells of
+`{i.get('tessera_grid', {}).get('lz4')}`, whole store chunks up to its 8 MiB chunk target): bioformats2raw's default tile (1024 × 1024, one
 plane deep), the most common OME-Zarr writer for microscope files. One store with
 `{CODECS['lz4']}` (bioformats2raw's default compressor), one with `{CODECS['zstd']}`.
 Sizes: {sizes}. Every read below reads level 0, {i['level0_bytes'] / GiB:.2f} GiB decoded.
@@ -566,12 +622,24 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "tessera"))
     ap.add_argument("--work", default="/tmp/tessera-zarr-bench-work", help="stores, caches, results.json")
     ap.add_argument("--no-reference", action="store_true", help="skip biopb's own server")
+    ap.add_argument("--phases", default="tessera,zarr,npy,biopb",
+                    help="comma list of the phases to run (tessera, zarr, npy, biopb); a subset adds "
+                         "its rows to WORK's results.json of an earlier run")
     ap.add_argument("--no-doc", action="store_true", help="print only; do not write the docs")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: write the docs from WORK's results.json of an earlier run")
     ap.add_argument("--measurement", default=str(ROOT / "docs" / "decisions" / "0030-measurement.md"))
     args = ap.parse_args()
     if args.worker:
         worker_main(json.loads(args.worker))
+        return
+    if args.report_only:
+        work = pathlib.Path(args.work) / ("quick" if args.quick else "full")
+        saved = json.loads((work / "results.json").read_text())
+        res = Results(work / "results.json")
+        res.rows, res.info = saved["rows"], saved["info"]
+        report(res, args, res.info["cold_reps"], res.info["warm_reps"])
         return
     import zarr
 
@@ -583,20 +651,31 @@ def main():
     print("stores:", flush=True)
     stores = write_stores(data, work / "state", shape)
     res = Results(work / "results.json")
+    phases = set(args.phases.split(","))
+    if phases != {"tessera", "zarr", "npy", "biopb"} and res.path.exists():
+        saved = json.loads(res.path.read_text())
+        res.rows, old_info = saved["rows"], saved["info"]
+    else:
+        old_info = {}
     shapes = level_shapes(shape)
-    res.info = {
+    res.info = {**old_info, **{
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "binary": binary_note(args.bin), "shapes": shapes, "zarr_version": zarr.__version__,
         "level0_bytes": shape[0] * shape[1] * shape[2] * 2,
         "store_bytes": {n: du_bytes(p) for n, p in stores.items()},
         "level0_store_bytes": {n: du_bytes(p / "0") for n, p in stores.items()},
         "cold_reps": cold_reps, "warm_reps": warm_reps,
-    }
-    print("Tessera:", flush=True)
-    tessera_phase(args, data, work, res, cold_reps, warm_reps)
-    print("zarr-python:", flush=True)
-    zarr_phase(data, res, cold_reps, warm_reps)
-    if not args.no_reference:
+    }}
+    if "tessera" in phases:
+        print("Tessera:", flush=True)
+        tessera_phase(args, data, work, res, cold_reps, warm_reps)
+    if "zarr" in phases:
+        print("zarr-python:", flush=True)
+        zarr_phase(data, res, cold_reps, warm_reps)
+    if "npy" in phases:
+        print("Tessera, the same values as .npy:", flush=True)
+        npy_phase(args, data, work, res, warm_reps)
+    if "biopb" in phases and not args.no_reference:
         print("biopb server:", flush=True)
         try:
             reference_phase(data, work, res, cold_reps, warm_reps, shapes)
@@ -604,6 +683,11 @@ def main():
             res.info["reference_missing"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             print(f"  biopb server rows missing: {e}", flush=True)
     res.save()
+    report(res, args, cold_reps, warm_reps)
+
+
+def report(res, args, cold_reps, warm_reps):
+    """Prints the table, ratios and CPU figures; writes the docs unless --no-doc."""
     print()
     print(table(res))
     print()
