@@ -58,6 +58,8 @@ LEVELS = 3
 STORE_FORMAT = "tessera-zarr-bench-1"
 MODES = ("doget", "mmap")
 SECTION = "## Zarr sources"
+# The section's hand-written part: kept when a run rewrites the figures above it.
+ANALYSIS = "### What limits it (hand-written"
 
 
 # --------------------------------------------------------------------------- stores
@@ -216,8 +218,11 @@ def worker_main(job: dict) -> None:
         from biopb.tensor import TensorFlightClient
 
         client = TensorFlightClient(job["location"], cache_bytes=0)
-        step = 1 << (LEVELS - 1)
-        client.get_tensor(job["warmup"], scale_hint=[1, step, step]).compute()
+        warmup = job["warmup"]
+        if warmup.get("scale"):
+            client.get_tensor(warmup["id"], scale_hint=warmup["scale"]).compute()
+        else:
+            client.get_tensor(warmup["id"]).compute()
         out["page_cache_dropped"] = bench.drop_page_cache()
         planned = client.get_tensor(job["id"])
         del planned
@@ -287,10 +292,10 @@ def warm_rows(server, ids, stores, reps, res, system, locates=None):
             res.add(f"{name} warm {mode}, {system}", row)
 
 
-def cold_rows(start, ids_of, reps, res, system):
+def cold_rows(start, ids_of, warmup_of, reps, res, system):
     """Per store and route: a new server per repetition (empty cache); the client reads the
-    other store's smallest level first (`scale_hint`, a native level on both servers), drops
-    the page cache, plans, and times the read."""
+    other store's smallest level first (`warmup_of(ids, store)`: the id and scale hint that
+    address it), drops the page cache, plans, and times the read."""
     for name in CODECS:
         other = next(n for n in CODECS if n != name)
         for mode in MODES:
@@ -300,7 +305,7 @@ def cold_rows(start, ids_of, reps, res, system):
                 try:
                     ids = ids_of(server)
                     r = run_own_worker({"kind": "cold", "location": server.location, "id": ids[name],
-                                        "mode": mode, "warmup": ids[other], "cpu_pid": server.pid})
+                                        "mode": mode, "warmup": warmup_of(ids, other), "cpu_pid": server.pid})
                 finally:
                     server.stop()
                 times += r["times"]
@@ -343,7 +348,10 @@ def tessera_phase(args, data, work, res, cold_reps, warm_reps):
         return tessera_server(args.bin, data, cold, work / "tessera-cold-state")
 
     try:
-        cold_rows(start, lambda _s: ids, cold_reps, res, "Tessera")
+        # Tessera serves each level under its own id (`lz4.2`); the image's scaled read
+        # (`scale_hint`) is not used: it decodes level 0 (see performance.md).
+        cold_rows(start, lambda _s: ids, lambda _ids, n: {"id": f"{n}.{LEVELS - 1}"}, cold_reps, res,
+                  "Tessera")
     finally:
         shutil.rmtree(cold, ignore_errors=True)
 
@@ -364,6 +372,47 @@ def zarr_phase(data, res, cold_reps, warm_reps):
             if cold:
                 row["page_cache_dropped"] = r.get("page_cache_dropped", False)
             res.add(f"{name} {'cold' if cold else 'warm'}, zarr-python", row)
+
+
+def rust_phase(args, data, work, res, cold_reps, warm_reps):
+    """Tessera's own Rust client (`tessera get ID -o /dev/null`), cold and warm, timed end
+    to end with its CPU (`wait4`): is the biopb client or the server the limit?"""
+    for name in CODECS:
+        for mode in MODES:
+            base = [args.bin, "get"]
+            tail = [name, "-o", "/dev/null"] + (["--no-mmap"] if mode == "doget" else [])
+            for state in ("cold", "warm"):
+                times, ccpu, scpu = [], [], []
+                cache = work / "tessera-rust-cache"
+                server = None
+                try:
+                    for i in range(cold_reps if state == "cold" else warm_reps + 1):
+                        if state == "cold" or server is None:
+                            if server:
+                                server.stop()
+                            server = tessera_server(args.bin, data, cache, work / "tessera-rust-state")
+                            if state == "cold":
+                                bench.drop_page_cache()
+                        cpu0 = server.cpu_seconds()
+                        t0 = time.perf_counter()
+                        proc = subprocess.Popen(base + [server.location] + tail, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.PIPE)
+                        _, status, usage = os.wait4(proc.pid, 0)
+                        wall = time.perf_counter() - t0
+                        if os.waitstatus_to_exitcode(status) != 0:
+                            raise RuntimeError(f"tessera get {name} failed: {proc.stderr.read()[-500:]}")
+                        if state == "warm" and i == 0:
+                            continue  # the untimed read that fills the cache
+                        times.append(wall)
+                        ccpu.append(usage.ru_utime + usage.ru_stime)
+                        scpu.append(server.cpu_seconds() - cpu0)
+                finally:
+                    if server:
+                        server.stop()
+                    shutil.rmtree(cache, ignore_errors=True)
+                res.add(f"{name} {state} {mode}, Tessera (Rust client)",
+                        {"times": times, "server_cpu": median(scpu), "client_cpu": median(ccpu),
+                         "bytes": res.info["level0_bytes"]})
 
 
 def npy_phase(args, data, work, res, warm_reps):
@@ -440,7 +489,10 @@ def reference_phase(data, work, res, cold_reps, warm_reps, shapes):
     def start_cold():
         return start("cold")
 
-    cold_rows(start_cold, ids_of, cold_reps, res, "biopb server")
+    step = 1 << (LEVELS - 1)
+    # biopb's server lists an image as one source: its smallest level is a scaled read.
+    cold_rows(start_cold, ids_of, lambda ids, n: {"id": ids[n], "scale": [1, step, step]}, cold_reps, res,
+              "biopb server")
 
 
 # --------------------------------------------------------------------------- report
@@ -453,7 +505,7 @@ def table(res) -> str:
     for name in CODECS:
         for state in ("cold", "warm"):
             for mode in (*MODES, None):
-                for system in (("Tessera", "biopb server") if mode else ("zarr-python",)):
+                for system in (("Tessera", "Tessera (Rust client)", "biopb server") if mode else ("zarr-python",)):
                     label = f"{name} {state} {mode}, {system}" if mode else f"{name} {state}, {system}"
                     row = res.rows.get(label)
                     if not row:
@@ -555,8 +607,9 @@ store's name (`lz4`, `zstd`): the image, planned at level 0. *Warm*: one untimed
 route, compared value for value with zarr-python's read of level 0, then the timed reads
 (Tessera's segment cache and the page cache hold the chunks). *Cold*: a new server with an
 empty cache directory per repetition; the client process first reads the other store's
-smallest level (`get_tensor(other, scale_hint=[1, 4, 4])`, a native level on both
-servers: its imports, pools and connection are paid before the clock), then
+smallest level (Tessera: `get_tensor("zstd.2")`, the level's own id; biopb's server lists
+the image as one source: `get_tensor(id, scale_hint=[1, 4, 4])`), so its imports, pools
+and connection are paid before the clock, then
 {'drops the page cache (`echo 1 > /proc/sys/vm/drop_caches`)' if dropped else 'tries to drop the page cache but was **not permitted** (cold rows read the store from the page cache)'},
 plans the tensor, and times the read; server CPU is that of the timed read
 (`/proc/PID/stat`, user + system). Reference: {ref}. zarr-python: a separate process reads
@@ -592,14 +645,23 @@ zarr-python with all cores; warm as for `.npy`):
 """
 
 
-def write_performance(path: pathlib.Path, text: str):
+def write_performance(path: pathlib.Path, text: str) -> str:
+    """Replaces (or appends) the section in `path`, keeping the rest of the file and the
+    section's hand-written analysis (from ANALYSIS to the section's end); returns the
+    analysis kept."""
     old = path.read_text() if path.exists() else "# Performance\n"
+    kept = ""
     at = old.find(f"\n{SECTION}\n")
     if at >= 0:
         end = old.find("\n## ", at + len(SECTION) + 2)
+        body = old[at:end] if end >= 0 else old[at:]
+        if ANALYSIS in body:
+            kept = body[body.find(ANALYSIS):].rstrip("\n")
         old = old[:at] + (old[end:] if end >= 0 else "\n")
-    path.write_text(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
+    text = text.rstrip("\n") + ("\n\n" + kept if kept else "")
+    path.write_text(old.rstrip("\n") + "\n\n" + text + "\n")
     print(f"wrote {path}")
+    return kept
 
 
 # --------------------------------------------------------------------------- main
@@ -622,8 +684,8 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "tessera"))
     ap.add_argument("--work", default="/tmp/tessera-zarr-bench-work", help="stores, caches, results.json")
     ap.add_argument("--no-reference", action="store_true", help="skip biopb's own server")
-    ap.add_argument("--phases", default="tessera,zarr,npy,biopb",
-                    help="comma list of the phases to run (tessera, zarr, npy, biopb); a subset adds "
+    ap.add_argument("--phases", default="tessera,zarr,npy,biopb,rust",
+                    help="comma list of the phases to run (tessera, zarr, npy, biopb, rust); a subset adds "
                          "its rows to WORK's results.json of an earlier run")
     ap.add_argument("--no-doc", action="store_true", help="print only; do not write the docs")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
@@ -652,7 +714,7 @@ def main():
     stores = write_stores(data, work / "state", shape)
     res = Results(work / "results.json")
     phases = set(args.phases.split(","))
-    if phases != {"tessera", "zarr", "npy", "biopb"} and res.path.exists():
+    if phases != {"tessera", "zarr", "npy", "biopb", "rust"} and res.path.exists():
         saved = json.loads(res.path.read_text())
         res.rows, old_info = saved["rows"], saved["info"]
     else:
@@ -672,6 +734,9 @@ def main():
     if "zarr" in phases:
         print("zarr-python:", flush=True)
         zarr_phase(data, res, cold_reps, warm_reps)
+    if "rust" in phases:
+        print("Tessera, Rust client:", flush=True)
+        rust_phase(args, data, work, res, cold_reps, warm_reps)
     if "npy" in phases:
         print("Tessera, the same values as .npy:", flush=True)
         npy_phase(args, data, work, res, warm_reps)
@@ -695,9 +760,12 @@ def report(res, args, cold_reps, warm_reps):
     print(cpu_per_gib(res))
     if not args.no_doc:
         text = section(res, args, cold_reps, warm_reps)
-        write_performance(pathlib.Path(args.doc), text)
+        kept = write_performance(pathlib.Path(args.doc), text)
         m = pathlib.Path(args.measurement)
-        m.write_text("## Measurement\n\n" + text.split("\n", 1)[1].lstrip("\n"))
+        body = text.split("\n", 1)[1].lstrip("\n")
+        if kept:
+            body = body.rstrip("\n") + "\n\n" + kept
+        m.write_text("## Measurement\n\n" + body.rstrip("\n") + "\n")
         print(f"wrote {m}")
 
 
