@@ -223,7 +223,7 @@ def worker_main(job: dict) -> None:
             client.get_tensor(warmup["id"], scale_hint=warmup["scale"]).compute()
         else:
             client.get_tensor(warmup["id"]).compute()
-        out["page_cache_dropped"] = bench.drop_page_cache()
+        out["page_cache_dropped"] = bench.drop_page_cache() if job.get("drop", True) else False
         planned = client.get_tensor(job["id"])
         del planned
         cpu0 = bench.process_cpu_seconds(job["cpu_pid"])
@@ -292,7 +292,7 @@ def warm_rows(server, ids, stores, reps, res, system, locates=None):
             res.add(f"{name} warm {mode}, {system}", row)
 
 
-def cold_rows(start, ids_of, warmup_of, reps, res, system):
+def cold_rows(start, ids_of, warmup_of, reps, res, system, drop=True, state="cold"):
     """Per store and route: a new server per repetition (empty cache); the client reads the
     other store's smallest level first (`warmup_of(ids, store)`: the id and scale hint that
     address it), drops the page cache, plans, and times the read."""
@@ -305,14 +305,15 @@ def cold_rows(start, ids_of, warmup_of, reps, res, system):
                 try:
                     ids = ids_of(server)
                     r = run_own_worker({"kind": "cold", "location": server.location, "id": ids[name],
-                                        "mode": mode, "warmup": warmup_of(ids, other), "cpu_pid": server.pid})
+                                        "mode": mode, "warmup": warmup_of(ids, other), "cpu_pid": server.pid,
+                                        "drop": drop})
                 finally:
                     server.stop()
                 times += r["times"]
                 scpu.append(r["server_cpu"])
                 ccpu.append(r["client_cpu"])
                 dropped = dropped and r.get("page_cache_dropped", False)
-            res.add(f"{name} cold {mode}, {system}",
+            res.add(f"{name} {state} {mode}, {system}",
                     {"times": times, "server_cpu": median(scpu), "client_cpu": median(ccpu),
                      "bytes": res.info["level0_bytes"], "page_cache_dropped": dropped})
 
@@ -415,6 +416,18 @@ def rust_phase(args, data, work, res, cold_reps, warm_reps):
                          "bytes": res.info["level0_bytes"]})
 
 
+def cached_source_phase(args, data, work, res, cold_reps):
+    """Tessera cold (empty segment cache) with the store in the page cache: how much of a
+    cold read is waiting for the disk."""
+    cold = work / "tessera-cold-cache"
+    try:
+        cold_rows(lambda: tessera_server(args.bin, data, cold, work / "tessera-cold-state"), lambda _s: {n: n for n in CODECS},
+                  lambda _ids, n: {"id": f"{n}.{LEVELS - 1}"}, cold_reps, res, "Tessera", drop=False,
+                  state="cold-cache, store in page cache,")
+    finally:
+        shutil.rmtree(cold, ignore_errors=True)
+
+
 def npy_phase(args, data, work, res, warm_reps):
     """The anchor of "warm as for `.npy`": level 0 of the lz4 store saved as a `.npy` file
     (the same values), served by Tessera and read warm over both routes."""
@@ -503,7 +516,7 @@ def table(res) -> str:
              "Tessera / this (time) |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for name in CODECS:
-        for state in ("cold", "warm"):
+        for state in ("cold", "cold-cache, store in page cache,", "warm"):
             for mode in (*MODES, None):
                 for system in (("Tessera", "Tessera (Rust client)", "biopb server") if mode else ("zarr-python",)):
                     label = f"{name} {state} {mode}, {system}" if mode else f"{name} {state}, {system}"
@@ -575,7 +588,7 @@ def method(res, args, cold_reps, warm_reps) -> str:
     shapes = " → ".join(str(tuple(s)) for s in i["shapes"])
     sizes = ", ".join(f"{n} {i['store_bytes'][n] / MiB:.0f} MiB on disk (level 0 ratio "
                       f"{i['level0_bytes'] / i['level0_store_bytes'][n]:.2f}:1)" for n in CODECS)
-    dropped = all(r.get("page_cache_dropped", True) for r in res.rows.values())
+    dropped = all(r.get("page_cache_dropped", True) for label, r in res.rows.items() if " cold " in label)
     ref = (f"biopb's own server ({i['reference_version']}, installed by `benches/reference/setup.sh`) "
            "serving the same folder (it reads Zarr natively, no conversion), started as "
            "`benches/run.py --reference` starts it; its ids come from its catalog"
@@ -614,10 +627,15 @@ and connection are paid before the clock, then
 plans the tensor, and times the read; server CPU is that of the timed read
 (`/proc/PID/stat`, user + system). Reference: {ref}. zarr-python: a separate process reads
 `zarr.open_array(level 0)[...]` into numpy with its defaults (`async.concurrency`
-{zc.get('async.concurrency')}, `threading.max_workers` {zc.get('threading.max_workers')},
-i.e. one thread per core for codecs), after one read of the other store's smallest level;
-cold drops the page cache before each read, warm follows one untimed read. Client CPU is
-the reading process's `getrusage` (all threads) per read. MB/s is decoded bytes / wall time."""
+{zc.get('async.concurrency')}, `threading.max_workers` {zc.get('threading.max_workers')}:
+unset, a pool of one thread per core for the codecs), after one read of the other store's smallest level;
+cold drops the page cache before each read, warm follows one untimed read. *Tessera (Rust
+client)*: Tessera's own client, `tessera get ID -o /dev/null` (`--no-mmap` for do_get),
+timed end to end (process start included) with its CPU from `wait4`; cold is a new server
+with an empty cache and a dropped page cache per repetition. *cold-cache, store in page
+cache*: Tessera's cold rows again without the page-cache drop (the store's files in
+memory, the segment cache empty). Client CPU is the reading process's `getrusage` (all
+threads) per read. MB/s is decoded bytes / wall time."""
 
 
 def section(res, args, cold_reps, warm_reps) -> str:
@@ -630,8 +648,9 @@ each run.)
 
 {table(res)}
 
-*Tessera / this*: the ratio of the medians of Tessera's row of the same store, state and
-route (do_get for zarr-python) to this row's; below 1, Tessera is faster.
+*Tessera / this*: the ratio of the medians of Tessera's row (biopb client) of the same
+store, state and route (do_get for zarr-python) to this row's; below 1, Tessera through
+the biopb client is faster.
 
 **The issue's goals** (cold ≥ 3× faster than biopb's server; cold no slower than
 zarr-python with all cores; warm as for `.npy`):
@@ -684,8 +703,8 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "tessera"))
     ap.add_argument("--work", default="/tmp/tessera-zarr-bench-work", help="stores, caches, results.json")
     ap.add_argument("--no-reference", action="store_true", help="skip biopb's own server")
-    ap.add_argument("--phases", default="tessera,zarr,npy,biopb,rust",
-                    help="comma list of the phases to run (tessera, zarr, npy, biopb, rust); a subset adds "
+    ap.add_argument("--phases", default="tessera,zarr,npy,biopb,rust,cached-source",
+                    help="comma list of the phases to run (tessera, zarr, npy, biopb, rust, cached-source); a subset adds "
                          "its rows to WORK's results.json of an earlier run")
     ap.add_argument("--no-doc", action="store_true", help="print only; do not write the docs")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
@@ -714,7 +733,7 @@ def main():
     stores = write_stores(data, work / "state", shape)
     res = Results(work / "results.json")
     phases = set(args.phases.split(","))
-    if phases != {"tessera", "zarr", "npy", "biopb", "rust"} and res.path.exists():
+    if phases != {"tessera", "zarr", "npy", "biopb", "rust", "cached-source"} and res.path.exists():
         saved = json.loads(res.path.read_text())
         res.rows, old_info = saved["rows"], saved["info"]
     else:
@@ -734,6 +753,9 @@ def main():
     if "zarr" in phases:
         print("zarr-python:", flush=True)
         zarr_phase(data, res, cold_reps, warm_reps)
+    if "cached-source" in phases:
+        print("Tessera, empty cache, store in the page cache:", flush=True)
+        cached_source_phase(args, data, work, res, cold_reps)
     if "rust" in phases:
         print("Tessera, Rust client:", flush=True)
         rust_phase(args, data, work, res, cold_reps, warm_reps)
