@@ -710,7 +710,9 @@ def main():
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
     ap.add_argument("--report-only", action="store_true",
                     help="measure nothing: write the docs from WORK's results.json of an earlier run")
-    ap.add_argument("--measurement", default=str(ROOT / "docs" / "decisions" / "0030-measurement.md"))
+    ap.add_argument("--measurement", default=None,
+                    help="also write the section as a decision's Measurement to this file "
+                         "(decisions are not rewritten: 0030 keeps the figures of its day)")
     args = ap.parse_args()
     if args.worker:
         worker_main(json.loads(args.worker))
@@ -783,12 +785,13 @@ def report(res, args, cold_reps, warm_reps):
     if not args.no_doc:
         text = section(res, args, cold_reps, warm_reps)
         kept = write_performance(pathlib.Path(args.doc), text)
-        m = pathlib.Path(args.measurement)
-        body = text.split("\n", 1)[1].lstrip("\n")
-        if kept:
-            body = body.rstrip("\n") + "\n\n" + kept
-        m.write_text("## Measurement\n\n" + body.rstrip("\n") + "\n")
-        print(f"wrote {m}")
+        if args.measurement:
+            m = pathlib.Path(args.measurement)
+            body = text.split("\n", 1)[1].lstrip("\n")
+            if kept:
+                body = body.rstrip("\n") + "\n\n" + kept
+            m.write_text("## Measurement\n\n" + body.rstrip("\n") + "\n")
+            print(f"wrote {m}")
 
 
 if __name__ == "__main__":
