@@ -65,7 +65,11 @@ impl Band {
             copy_box(box_, start, stop, self.itemsize, out);
             return Ok(());
         }
-        let lo: Vec<u64> = start.iter().zip(&self.native).map(|(s, n)| s / n * n).collect();
+        let lo: Vec<u64> = start
+            .iter()
+            .zip(&self.native)
+            .map(|(s, n)| s / n * n)
+            .collect();
         let hi: Vec<u64> = stop
             .iter()
             .zip(&self.native)
@@ -101,7 +105,12 @@ fn copy_box(held: &Held, start: &[u64], stop: &[u64], itemsize: u64, out: &mut [
         return;
     }
     let last = rank - 1;
-    let extent: Vec<u64> = held.start.iter().zip(&held.stop).map(|(a, b)| b - a).collect();
+    let extent: Vec<u64> = held
+        .start
+        .iter()
+        .zip(&held.stop)
+        .map(|(a, b)| b - a)
+        .collect();
     let row = ((stop[last] - start[last]) * itemsize) as usize;
     let mut index = start.to_vec();
     let mut written = 0;
