@@ -4,6 +4,7 @@ TTL, refusals and the token."""
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import dask.array as da
@@ -17,6 +18,22 @@ from conftest import Server
 
 WRITABLE = ("--writable",)
 TOKEN = "upload-token_0123456789abcdef"
+
+
+def upload_in_background(client, desc, arr):
+    """Starts `client.upload_array(desc, arr)` on a thread (for a server killed under it):
+    the thread, and the list its failure lands in."""
+    failures = []
+
+    def upload():
+        try:
+            client.upload_array(desc, arr)
+        except Exception as exc:  # the server dies under it
+            failures.append(exc)
+
+    worker = threading.Thread(target=upload)
+    worker.start()
+    return worker, failures
 
 
 def client_for(server, mode="do_get", token=None, monkeypatch=None):
@@ -417,17 +434,7 @@ def test_sigkill_mid_upload_array_keeps_exactly_the_acked_chunks(tmp_path):
     server = Server([tmp_path, "--cache-dir", tmp_path / "c1", *extra])
     client = client_for(server)
     desc = client.setup_array_upload("cache://scratch/@fields/inflight", arr, chunk_shape=(1, 512, 512))
-    import threading
-    failures = []
-
-    def upload():
-        try:
-            client.upload_array(desc, arr)
-        except Exception as exc:  # the server dies under it
-            failures.append(exc)
-
-    worker = threading.Thread(target=upload)
-    worker.start()
+    worker, failures = upload_in_background(client, desc, arr)
     deadline = time.monotonic() + 30
     probe = client_for(server)
     while probe.get_upload_status(desc.array_id)["uploaded_chunks"] < 8:

@@ -8,7 +8,6 @@ documented."""
 import json
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 import zarr
 from biopb.tensor.ticket_pb2 import ChunkBounds
 from conftest import Server
-from test_uploads import WRITABLE, client_for, read_back
+from test_uploads import WRITABLE, client_for, read_back, upload_in_background
 
 
 def store_of(client, array_id):
@@ -214,16 +213,7 @@ def test_sigkill_mid_upload_leaves_a_store_of_exactly_the_acked_chunks(tmp_path)
     server = Server([tmp_path, "--cache-dir", tmp_path / "c1", *extra])
     client = client_for(server)
     desc = client.setup_array_upload("zarr://scratch/@fields/killed", arr, chunk_shape=(1, 512, 512))
-    failures = []
-
-    def upload():
-        try:
-            client.upload_array(desc, arr)
-        except Exception as exc:  # the server dies under it
-            failures.append(exc)
-
-    worker = threading.Thread(target=upload)
-    worker.start()
+    worker, failures = upload_in_background(client, desc, arr)
     probe = client_for(server)
     deadline = time.monotonic() + 30
     while probe.get_upload_status(desc.array_id)["uploaded_chunks"] < 8:
