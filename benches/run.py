@@ -209,13 +209,14 @@ def drop_page_cache() -> bool:
 # --------------------------------------------------------------------------- workers
 
 
-def run_worker(job: dict) -> dict:
-    """Runs one client job in a child process and returns its JSON answer."""
+def run_worker(job: dict, script: str = __file__) -> dict:
+    """Runs one client job in a child process (`script --worker JOB`: this file's workers,
+    or another bench script's) and returns its JSON answer."""
     env = dict(os.environ)
     env.pop("BIOPB_CACHEFILE_TRANSFER_DISABLED", None)
     if job.get("mode") == "doget":
         env["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
-    res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)],
+    res = subprocess.run([sys.executable, script, "--worker", json.dumps(job)],
                          capture_output=True, text=True, env=env, timeout=3600)
     if res.returncode != 0:
         raise RuntimeError(f"worker {job['kind']} failed:\n{res.stderr[-3000:]}")

@@ -179,16 +179,8 @@ def du_bytes(path: pathlib.Path) -> int:
 
 def run_own_worker(job: dict) -> dict:
     """A job of this script's own worker (cold reads, zarr-python reads, read-back checks),
-    in a child process with the route's environment, as run.py's `run_worker`."""
-    env = dict(os.environ)
-    env.pop("BIOPB_CACHEFILE_TRANSFER_DISABLED", None)
-    if job.get("mode") == "doget":
-        env["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
-    res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)],
-                         capture_output=True, text=True, env=env, timeout=3600)
-    if res.returncode != 0:
-        raise RuntimeError(f"worker {job['kind']} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    in a child process with the route's environment (run.py's `run_worker`)."""
+    return bench.run_worker(job, script=__file__)
 
 
 def worker_main(job: dict) -> None:

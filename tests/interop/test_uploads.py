@@ -20,9 +20,9 @@ WRITABLE = ("--writable",)
 TOKEN = "upload-token_0123456789abcdef"
 
 
-def upload_in_background(client, desc, arr):
-    """Starts `client.upload_array(desc, arr)` on a thread (for a server killed under it):
-    the thread, and the list its failure lands in."""
+def kill_mid_upload(server, client, desc, arr, acked=8):
+    """Uploads `arr` on a thread and SIGKILLs `server` once `acked` chunks are acknowledged;
+    fails if the upload finished first."""
     failures = []
 
     def upload():
@@ -33,7 +33,15 @@ def upload_in_background(client, desc, arr):
 
     worker = threading.Thread(target=upload)
     worker.start()
-    return worker, failures
+    probe = client_for(server)
+    deadline = time.monotonic() + 30
+    while probe.get_upload_status(desc.array_id)["uploaded_chunks"] < acked:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(server.pid, signal.SIGKILL)
+    server.proc.wait(timeout=20)
+    worker.join(timeout=60)
+    assert failures, "the upload finished before the kill; make the array larger"
 
 
 def client_for(server, mode="do_get", token=None, monkeypatch=None):
@@ -434,16 +442,7 @@ def test_sigkill_mid_upload_array_keeps_exactly_the_acked_chunks(tmp_path):
     server = Server([tmp_path, "--cache-dir", tmp_path / "c1", *extra])
     client = client_for(server)
     desc = client.setup_array_upload("cache://scratch/@fields/inflight", arr, chunk_shape=(1, 512, 512))
-    worker, failures = upload_in_background(client, desc, arr)
-    deadline = time.monotonic() + 30
-    probe = client_for(server)
-    while probe.get_upload_status(desc.array_id)["uploaded_chunks"] < 8:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    os.kill(server.pid, signal.SIGKILL)
-    server.proc.wait(timeout=20)
-    worker.join(timeout=60)
-    assert failures, "the upload finished before the kill; make the array larger"
+    kill_mid_upload(server, client, desc, arr)
 
     server2 = Server([tmp_path, "--cache-dir", tmp_path / "c2", *extra])
     try:

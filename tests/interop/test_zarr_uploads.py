@@ -7,7 +7,6 @@ round trip of a label set hold; discard, expiry and a SIGKILL leave the store as
 documented."""
 import json
 import os
-import signal
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 import zarr
 from biopb.tensor.ticket_pb2 import ChunkBounds
 from conftest import Server
-from test_uploads import WRITABLE, client_for, read_back, upload_in_background
+from test_uploads import WRITABLE, client_for, kill_mid_upload, read_back
 
 
 def store_of(client, array_id):
@@ -213,16 +212,7 @@ def test_sigkill_mid_upload_leaves_a_store_of_exactly_the_acked_chunks(tmp_path)
     server = Server([tmp_path, "--cache-dir", tmp_path / "c1", *extra])
     client = client_for(server)
     desc = client.setup_array_upload("zarr://scratch/@fields/killed", arr, chunk_shape=(1, 512, 512))
-    worker, failures = upload_in_background(client, desc, arr)
-    probe = client_for(server)
-    deadline = time.monotonic() + 30
-    while probe.get_upload_status(desc.array_id)["uploaded_chunks"] < 8:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    os.kill(server.pid, signal.SIGKILL)
-    server.proc.wait(timeout=20)
-    worker.join(timeout=60)
-    assert failures, "the upload finished before the kill; make the array larger"
+    kill_mid_upload(server, client, desc, arr)
 
     server2 = Server([tmp_path, "--cache-dir", tmp_path / "c2", *extra])
     try:
