@@ -1,6 +1,7 @@
 """Uploads through the unmodified biopb 0.13.0 client: add_tensor, DoPut of chunks,
 set_upload_status, get_upload_status, reads back on both routes, restart, SIGKILL,
 TTL, refusals and the token."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -430,18 +431,18 @@ def test_tessera_put_uploads_a_npy_that_reads_back_exactly(layout, start_server,
     assert again.returncode == 1 and "already taken" in again.stderr, again.stderr
 
 
-def test_sigkill_mid_upload_array_keeps_exactly_the_acked_chunks(tmp_path):
-    """SIGKILL while `upload_array` has chunks in flight: after a restart the upload is
-    PENDING, and published as it is every counted chunk reads back exactly and every
-    other cell as zeros -- never a torn or stale chunk."""
-    state = tmp_path / "inflight-state"
-    extra = ["--writable", "--state-dir", state]
-    rng = np.random.default_rng(8)
+@contextlib.contextmanager
+def published_after_a_kill(tmp_path, url, seed):
+    """Uploads a 128-plane u16 array (no zero values) to `url`, SIGKILLs the server once 8
+    chunks are acknowledged, restarts it on the same state directory and publishes the upload
+    as it is: every acknowledged chunk reads back exactly and every other plane as zeros.
+    Yields the client of the restarted server, the descriptor, the read and the status."""
+    extra = ["--writable", "--state-dir", tmp_path / "killed-state"]
     planes = 128
-    arr = rng.integers(1, 65535, (planes, 512, 512), dtype=np.uint16)  # no zero values
+    arr = np.random.default_rng(seed).integers(1, 65535, (planes, 512, 512), dtype=np.uint16)
     server = Server([tmp_path, "--cache-dir", tmp_path / "c1", *extra])
     client = client_for(server)
-    desc = client.setup_array_upload("cache://scratch/@fields/inflight", arr, chunk_shape=(1, 512, 512))
+    desc = client.setup_array_upload(url, arr, chunk_shape=(1, 512, 512))
     kill_mid_upload(server, client, desc, arr)
 
     server2 = Server([tmp_path, "--cache-dir", tmp_path / "c2", *extra])
@@ -458,8 +459,17 @@ def test_sigkill_mid_upload_array_keeps_exactly_the_acked_chunks(tmp_path):
             else:
                 assert not got[i].any(), f"plane {i} is neither the sent chunk nor zeros"
         assert exact == status["uploaded_chunks"], (exact, status)
+        yield client, desc, got, status
     finally:
         assert server2.stop() == 0, "".join(server2.log)
+
+
+def test_sigkill_mid_upload_array_keeps_exactly_the_acked_chunks(tmp_path):
+    """SIGKILL while `upload_array` has chunks in flight: after a restart the upload is
+    PENDING, and published as it is every counted chunk reads back exactly and every
+    other cell as zeros -- never a torn or stale chunk."""
+    with published_after_a_kill(tmp_path, "cache://scratch/@fields/inflight", seed=8):
+        pass
 
 
 def test_scratch_lifetimes_are_capped_by_upload_max_ttl(start_server, tmp_path):
