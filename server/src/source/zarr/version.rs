@@ -82,6 +82,11 @@ impl Snapshot {
         })
     }
 
+    /// The path of the file at `key` (relative to the store).
+    pub fn path_of(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
     /// The store's version at the snapshot.
     pub fn version(&self) -> FileVersion {
         self.version
