@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 
+use crate::source::npy::gather;
 use crate::source::{Source, SourceError};
 
 /// The largest box of native chunks held.
@@ -101,37 +102,19 @@ impl Band {
 /// Copies the box `start..stop` out of `held` (which covers it) into `out`, in C order.
 fn copy_box(held: &Held, start: &[u64], stop: &[u64], itemsize: u64, out: &mut [u8]) {
     let rank = start.len();
-    if rank == 0 || start.iter().zip(stop).any(|(a, b)| a >= b) {
-        return;
+    let mut strides = vec![itemsize as usize; rank];
+    for a in (0..rank.saturating_sub(1)).rev() {
+        strides[a] = strides[a + 1] * (held.stop[a + 1] - held.start[a + 1]) as usize;
     }
-    let last = rank - 1;
-    let extent: Vec<u64> = held
-        .start
+    let base = (0..rank).fold(0, |acc, a| {
+        acc + (start[a] - held.start[a]) as usize * strides[a]
+    });
+    let extent: Vec<usize> = start
         .iter()
-        .zip(&held.stop)
-        .map(|(a, b)| b - a)
+        .zip(stop)
+        .map(|(a, b)| (b - a) as usize)
         .collect();
-    let row = ((stop[last] - start[last]) * itemsize) as usize;
-    let mut index = start.to_vec();
-    let mut written = 0;
-    loop {
-        let offset = (0..rank).fold(0u64, |acc, a| acc * extent[a] + (index[a] - held.start[a]));
-        let from = (offset * itemsize) as usize;
-        out[written..written + row].copy_from_slice(&held.bytes[from..from + row]);
-        written += row;
-        let mut axis = last;
-        loop {
-            if axis == 0 {
-                return;
-            }
-            axis -= 1;
-            index[axis] += 1;
-            if index[axis] < stop[axis] {
-                break;
-            }
-            index[axis] = start[axis];
-        }
-    }
+    gather(&held.bytes, base, &strides, &extent, itemsize as usize, out);
 }
 
 #[cfg(test)]

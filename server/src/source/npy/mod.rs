@@ -60,6 +60,7 @@ pub use error::NpyError;
 pub use file::{NpyFile, Placement};
 pub use header::{Header, parse_header};
 pub use limits::Limits;
+pub(crate) use region::gather;
 pub use region::region_is_contiguous;
 pub use source::open_source;
 pub use stream::read_stream;
