@@ -203,6 +203,20 @@ impl ServerProcess {
         self.log.lock().unwrap().clone()
     }
 
+    /// Whether a stderr line containing `needle` arrives within `timeout` (the server logs
+    /// from its own threads and the lines reach the test through a pipe: a line logged just
+    /// before a reply may be read just after it).
+    pub fn log_arrives(&self, needle: &str, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.log_count(needle) == 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        true
+    }
+
     /// How many stderr lines contain `needle`.
     pub fn log_count(&self, needle: &str) -> usize {
         self.log

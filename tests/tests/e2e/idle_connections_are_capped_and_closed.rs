@@ -335,7 +335,7 @@ async fn idle_http2_connections_make_room_for_a_new_client() {
         panic!("a new client was refused while idle connections held every slot: {e}")
     });
     assert!(
-        server.log_count("to make room for a new one") >= 1,
+        server.log_arrives("to make room for a new one", Duration::from_secs(5)),
         "{:?}",
         server.log()
     );
@@ -379,7 +379,10 @@ async fn one_peer_cannot_hold_every_slot() {
     let local = idle_client(&server, loopback(1)).await;
     assert!(local.is_ok(), "127.0.0.1 was refused: {local:?}");
     assert!(
-        server.log_count("a peer holds its share of connections") >= 1,
+        server.log_arrives(
+            "a peer holds its share of connections",
+            Duration::from_secs(5)
+        ),
         "{:?}",
         server.log()
     );
