@@ -32,6 +32,8 @@ pub struct ZarrArray {
     shape: Vec<u64>,
     dtype: Dtype,
     native_chunk: Vec<u64>,
+    /// The Zarr format version (2 or 3), as the metadata documents said at open.
+    zarr_format: u8,
     /// The snapshot of the tree the array belongs to (its own, or its image's).
     snapshot: Arc<Snapshot>,
     /// The array's directory relative to the snapshot's root (`""` or `"0/"`).
@@ -111,6 +113,7 @@ impl ZarrArray {
             shape,
             dtype,
             native_chunk,
+            zarr_format: if dir.join(".zarray").is_file() { 2 } else { 3 },
             snapshot,
             prefix,
             options: CodecOptions::default().with_concurrent_target(decode_threads()),
@@ -160,51 +163,19 @@ impl ZarrArray {
         self.array.attributes()
     }
 
-    /// The Zarr format version (2 or 3).
-    fn zarr_format(&self) -> u8 {
-        if self.dir.join(".zarray").is_file() {
-            2
-        } else {
-            3
-        }
-    }
-
-    /// The files a read of `start..stop` touches, relative to the snapshot's root: the
-    /// metadata documents and the chunk (or shard) files.
-    fn touched(&self, start: &[u64], stop: &[u64]) -> Vec<String> {
+    /// The files a read of `subset` touches, relative to the snapshot's root: the metadata
+    /// documents and the chunk (or shard) files, as zarrs' own chunk grid enumerates them.
+    fn touched(&self, subset: &ArraySubset) -> Vec<String> {
         let mut keys: Vec<String> = [".zarray", ".zattrs", "zarr.json"]
             .iter()
             .map(|doc| format!("{}{doc}", self.prefix))
             .collect();
-        let first: Vec<u64> = start
-            .iter()
-            .zip(&self.native_chunk)
-            .map(|(s, n)| s / n)
-            .collect();
-        let end: Vec<u64> = stop
-            .iter()
-            .zip(&self.native_chunk)
-            .map(|(s, n)| s.div_ceil(*n))
-            .collect();
-        if first.iter().zip(&end).any(|(a, b)| a >= b) {
-            return keys;
-        }
-        let mut at = first.clone();
-        loop {
-            keys.push(format!("{}{}", self.prefix, self.array.chunk_key(&at)));
-            let mut axis = at.len();
-            loop {
-                if axis == 0 {
-                    return keys;
-                }
-                axis -= 1;
-                at[axis] += 1;
-                if at[axis] < end[axis] {
-                    break;
-                }
-                at[axis] = first[axis];
+        if let Ok(Some(chunks)) = self.array.chunks_in_array_subset(subset) {
+            for indices in &chunks.indices() {
+                keys.push(format!("{}{}", self.prefix, self.array.chunk_key(&indices)));
             }
         }
+        keys
     }
 
     /// Asks the kernel to read the files at `keys` now, all at once: zarrs then finds them
@@ -222,7 +193,7 @@ impl ZarrArray {
     pub fn metadata(&self) -> Map<String, Value> {
         let mut map = Map::new();
         map.insert("path".into(), json!(self.dir.display().to_string()));
-        map.insert("zarr_format".into(), json!(self.zarr_format()));
+        map.insert("zarr_format".into(), json!(self.zarr_format));
         map.insert("zarr_chunks".into(), json!(self.native_chunk));
         if !self.array.attributes().is_empty() {
             map.insert(
@@ -244,7 +215,7 @@ impl ZarrArray {
             stop: stop.to_vec(),
             source: Box::new(source),
         };
-        let touched = self.touched(start, stop);
+        let touched = self.touched(&subset);
         self.prefetch(&touched);
         let bytes: ArrayBytes<'static> = self
             .array
