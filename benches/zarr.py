@@ -32,7 +32,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import re
 import resource
 import shutil
 import subprocess
@@ -44,19 +43,18 @@ ROOT = HERE.parent
 # This file is named zarr.py: keep its folder off the import path, or `import zarr` would
 # import this script instead of zarr-python. run.py is loaded by its path.
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE]
-_spec = importlib.util.spec_from_file_location("tessera_bench_run", HERE / "run.py")
-bench = importlib.util.module_from_spec(_spec)  # run.py: workers, /proc readings, servers
-_spec.loader.exec_module(bench)
+_spec = importlib.util.spec_from_file_location("tessera_format_bench", HERE / "format_bench.py")
+fb = importlib.util.module_from_spec(_spec)  # what the format benchmarks share
+_spec.loader.exec_module(fb)
+bench = fb.bench  # run.py: workers, /proc readings, servers
 
-median, fmt_ms, MiB = bench.median, bench.fmt_ms, bench.MiB
-GiB = 1 << 30
+median, fmt_ms, MiB, GiB, MODES = fb.median, fb.fmt_ms, fb.MiB, fb.GiB, fb.MODES
 # The two stores: name (= Tessera's source id) -> compressor description.
 CODECS = {"lz4": "Blosc(cname=lz4, clevel=5, shuffle=SHUFFLE)", "zstd": "Zstd(level=3)"}
 # bioformats2raw's defaults: 1024 x 1024 tiles, one plane deep.
 CHUNK_YX = 1024
 LEVELS = 3
 STORE_FORMAT = "tessera-zarr-bench-1"
-MODES = ("doget", "mmap")
 SECTION = "## Zarr sources"
 # The section's hand-written part: kept when a run rewrites the figures above it.
 ANALYSIS = "### What limits it (hand-written"
@@ -76,30 +74,6 @@ def compressor(name):
 def level_shapes(shape):
     z, y, x = shape
     return [(z, y >> k, x >> k) for k in range(LEVELS)]
-
-
-def plane(rng, z, y, x, depth):
-    """One microscopy-like u16 plane: dark offset, smooth blobs (cells), background haze,
-    a z-dependent focus, and shot plus read noise. Not random bytes: it compresses like
-    a real image (the noise bits do not)."""
-    import numpy as np
-
-    yy = np.linspace(0, 1, y, dtype=np.float32)[:, None]
-    xx = np.linspace(0, 1, x, dtype=np.float32)[None, :]
-    focus = float(np.exp(-((z - depth / 2) / (depth / 3)) ** 2))
-    sig = np.full((y, x), 100.0, dtype=np.float32)
-    sig += 300.0 * (0.6 + 0.4 * np.sin(3 * yy + 1.7) * np.cos(2 * xx))  # haze
-    blob_rng = np.random.default_rng(1234)  # the same cells on every plane
-    for _ in range(24):
-        cy, cx = blob_rng.random(2)
-        r = 0.01 + 0.04 * blob_rng.random()
-        amp = 1500.0 * focus * (0.3 + blob_rng.random())
-        gy = np.exp(-((yy - cy) / r) ** 2)
-        gx = np.exp(-((xx - cx) / r) ** 2)
-        sig += amp * (gy * gx)
-    sig += np.sqrt(sig) * rng.standard_normal((y, x), dtype=np.float32) + 3.0 * rng.standard_normal(
-        (y, x), dtype=np.float32)
-    return np.clip(sig, 0, 65535).astype(np.uint16)
 
 
 def store_stamp(shape):
@@ -154,12 +128,10 @@ def write_stores(data: pathlib.Path, state: pathlib.Path, shape) -> dict:
     depth, step = shape[0], 4
     t0 = time.perf_counter()
     for z0 in range(0, depth, step):
-        block = np.stack([plane(rng, z, shape[1], shape[2], depth) for z in range(z0, min(z0 + step, depth))])
+        block = np.stack([fb.plane(rng, z, shape[1], shape[2], depth) for z in range(z0, min(z0 + step, depth))])
         levels = [block]
         for _ in range(1, LEVELS):
-            b = levels[-1].astype(np.uint32)
-            levels.append(((b[:, 0::2, 0::2] + b[:, 1::2, 0::2] + b[:, 0::2, 1::2] + b[:, 1::2, 1::2] + 2) // 4)
-                          .astype(np.uint16))
+            levels.append(fb.halve_yx(levels[-1]))
         for n in todo:
             for k, lv in enumerate(levels):
                 arrays[n][k][z0:z0 + lv.shape[0]] = lv
@@ -168,10 +140,6 @@ def write_stores(data: pathlib.Path, state: pathlib.Path, shape) -> dict:
     for n in todo:
         (state / f"{n}.stamp.json").write_text(json.dumps(want))
     return stores
-
-
-def du_bytes(path: pathlib.Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # --------------------------------------------------------------------------- workers
@@ -215,17 +183,7 @@ def worker_main(job: dict) -> None:
             client.get_tensor(warmup["id"], scale_hint=warmup["scale"]).compute()
         else:
             client.get_tensor(warmup["id"]).compute()
-        out["page_cache_dropped"] = bench.drop_page_cache() if job.get("drop", True) else False
-        planned = client.get_tensor(job["id"])
-        del planned
-        cpu0 = bench.process_cpu_seconds(job["cpu_pid"])
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter()
-        client.get_tensor(job["id"]).compute()
-        out["times"] = [time.perf_counter() - t0]
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        out["server_cpu"] = bench.process_cpu_seconds(job["cpu_pid"]) - cpu0
-        out["client_cpu"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        out.update(fb.timed_cold_read(client, job))
     elif job["kind"] == "check":
         # One untimed read through the biopb client, compared with zarr-python's read.
         from biopb.tensor import TensorFlightClient
@@ -242,109 +200,53 @@ def worker_main(job: dict) -> None:
 # --------------------------------------------------------------------------- phases
 
 
-class Results:
-    """Rows by label, saved to results.json after each one."""
-
-    def __init__(self, path: pathlib.Path):
-        self.path, self.rows, self.info = path, {}, {}
-
-    def add(self, label, row):
-        self.rows[label] = row
-        self.save()
-        t = median(row["times"])
-        cpu = row.get("server_cpu")
-        print(f"  {label:34s} median {fmt_ms(t):>8s} ms  {row['bytes'] / t / 1e6:7.0f} MB/s"
-              + ("" if cpu is None else f"  server CPU {cpu * 1e3:7.0f} ms")
-              + f"  client CPU {row['client_cpu'] * 1e3:7.0f} ms", flush=True)
-
-    def save(self):
-        self.path.write_text(json.dumps({"info": self.info, "rows": self.rows}, indent=1))
+def check_with(server, stores):
+    """The warm rows' check: one untimed read per route compared with zarr-python's."""
+    def check(name, array_id, mode):
+        run_own_worker({"kind": "check", "location": server.location, "id": array_id, "mode": mode,
+                        "path": str(stores[name] / "0")})
+    return check
 
 
-def read_job(location, array_id, mode, reps, **extra):
-    return {"kind": "read", "location": location, "ids": [array_id], "mode": mode, "reps": reps, **extra}
+def tessera_warmup(_ids, name):
+    """Tessera's warm-up read: the image's smallest level under its own id."""
+    return {"id": f"{name}.{LEVELS - 1}"}
 
 
-def warm_rows(server, ids, stores, reps, res, system, locates=None):
-    """Per store: one checked untimed read per route, then `reps` timed reads per route."""
-    for name, array_id in ids.items():
-        nbytes = res.info["level0_bytes"]
-        for mode in MODES:
-            run_own_worker({"kind": "check", "location": server.location, "id": array_id, "mode": mode,
-                            "path": str(stores[name] / "0")})
-            before = locates() if locates else None
-            cpu0 = server.cpu_seconds()
-            r = bench.run_worker(read_job(server.location, array_id, mode, reps))
-            cpu = (server.cpu_seconds() - cpu0) / max(reps, 1)
-            row = {"times": r["times"], "server_cpu": cpu, "client_cpu": r["client_cpu"], "bytes": nbytes}
-            if locates:
-                row["locates"] = locates() - before
-                if (mode == "mmap") != (row["locates"] > 0):
-                    raise RuntimeError(f"{system} {name} warm {mode}: {row['locates']} chunk_locate calls")
-            res.add(f"{name} warm {mode}, {system}", row)
-
-
-def cold_rows(start, ids_of, warmup_of, reps, res, system, drop=True, state="cold"):
-    """Per store and route: a new server per repetition (empty cache); the client reads the
-    other store's smallest level first (`warmup_of(ids, store)`: the id and scale hint that
-    address it), drops the page cache, plans, and times the read."""
-    for name in CODECS:
+def cold_job(ids_of, warmup_of, drop=True):
+    """A cold read of a store's level 0 after a warm-up read of the other store's smallest
+    level (`warmup_of(ids, store)`: the id and scale hint that address it)."""
+    def job(server, name, mode):
+        ids = ids_of(server)
         other = next(n for n in CODECS if n != name)
-        for mode in MODES:
-            times, scpu, ccpu, dropped = [], [], [], True
-            for _ in range(reps):
-                server = start()
-                try:
-                    ids = ids_of(server)
-                    r = run_own_worker({"kind": "cold", "location": server.location, "id": ids[name],
-                                        "mode": mode, "warmup": warmup_of(ids, other), "cpu_pid": server.pid,
-                                        "drop": drop})
-                finally:
-                    server.stop()
-                times += r["times"]
-                scpu.append(r["server_cpu"])
-                ccpu.append(r["client_cpu"])
-                dropped = dropped and r.get("page_cache_dropped", False)
-            res.add(f"{name} {state} {mode}, {system}",
-                    {"times": times, "server_cpu": median(scpu), "client_cpu": median(ccpu),
-                     "bytes": res.info["level0_bytes"], "page_cache_dropped": dropped})
-
-
-def tessera_server(binary, data, cache, state):
-    """`tessera serve DATA` with an empty cache directory and an empty state directory (the
-    state directory remembers which path holds an id: a shared one could rename the stores)."""
-    for d in (cache, state):
-        shutil.rmtree(d, ignore_errors=True)
-    return bench.Server(binary, [data], cache, ["--state-dir", state])
+        return run_own_worker({"kind": "cold", "location": server.location, "id": ids[name], "mode": mode,
+                               "warmup": warmup_of(ids, other), "cpu_pid": server.pid, "drop": drop})
+    return job
 
 
 def tessera_phase(args, data, work, res, cold_reps, warm_reps):
     ids = {n: n for n in CODECS}
     stores = {n: data / f"{n}.zarr" for n in CODECS}
     cache = work / "tessera-warm-cache"
-    server = tessera_server(args.bin, data, cache, work / "tessera-warm-state")
+    server = fb.tessera_server(args.bin, data, cache, work / "tessera-warm-state")
     try:
-        grids = {}
-        for line in server.log:
-            m = re.search(r"serving source source_id=(\S+) .*chunk=(\[[^\]]*\])", line)
-            if m:
-                grids[m.group(1)] = json.loads(m.group(2))
+        grids = fb.tessera_grids(server)
         res.info["tessera_grid"] = {n: grids.get(n) for n in CODECS}
-        warm_rows(server, ids, stores, warm_reps, res, "Tessera",
-                  locates=lambda: bench.cache_stats(server.location)["locates"])
+        fb.warm_rows(server, ids, res.info["level0_bytes"], check_with(server, stores), warm_reps, res,
+                     "Tessera", locates=lambda: bench.cache_stats(server.location)["locates"])
     finally:
         server.stop()
         shutil.rmtree(cache, ignore_errors=True)
     cold = work / "tessera-cold-cache"
 
     def start():
-        return tessera_server(args.bin, data, cold, work / "tessera-cold-state")
+        return fb.tessera_server(args.bin, data, cold, work / "tessera-cold-state")
 
     try:
         # Tessera serves each level under its own id (`lz4.2`); the image's scaled read
         # (`scale_hint`) is not used: it decodes level 0 (see performance.md).
-        cold_rows(start, lambda _s: ids, lambda _ids, n: {"id": f"{n}.{LEVELS - 1}"}, cold_reps, res,
-                  "Tessera")
+        fb.cold_rows(start, CODECS, cold_job(lambda _s: ids, tessera_warmup), cold_reps, res, "Tessera",
+                     res.info["level0_bytes"])
     finally:
         shutil.rmtree(cold, ignore_errors=True)
 
@@ -383,7 +285,7 @@ def rust_phase(args, data, work, res, cold_reps, warm_reps):
                         if state == "cold" or server is None:
                             if server:
                                 server.stop()
-                            server = tessera_server(args.bin, data, cache, work / "tessera-rust-state")
+                            server = fb.tessera_server(args.bin, data, cache, work / "tessera-rust-state")
                             if state == "cold":
                                 bench.drop_page_cache()
                         cpu0 = server.cpu_seconds()
@@ -413,9 +315,9 @@ def cached_source_phase(args, data, work, res, cold_reps):
     cold read is waiting for the disk."""
     cold = work / "tessera-cold-cache"
     try:
-        cold_rows(lambda: tessera_server(args.bin, data, cold, work / "tessera-cold-state"), lambda _s: {n: n for n in CODECS},
-                  lambda _ids, n: {"id": f"{n}.{LEVELS - 1}"}, cold_reps, res, "Tessera", drop=False,
-                  state="cold-cache, store in page cache,")
+        fb.cold_rows(lambda: fb.tessera_server(args.bin, data, cold, work / "tessera-cold-state"), CODECS,
+                     cold_job(lambda _s: {n: n for n in CODECS}, tessera_warmup, drop=False), cold_reps, res,
+                     "Tessera", res.info["level0_bytes"], state="cold-cache, store in page cache,")
     finally:
         shutil.rmtree(cold, ignore_errors=True)
 
@@ -436,14 +338,14 @@ def npy_phase(args, data, work, res, warm_reps):
         np.save(path, zarr.open_array(str(data / "lz4.zarr" / "0"), mode="r")[...])
         stamp.write_text(json.dumps(want))
     cache = work / "tessera-npy-cache"
-    server = tessera_server(args.bin, path, cache, work / "tessera-npy-state")
+    server = fb.tessera_server(args.bin, path, cache, work / "tessera-npy-state")
     try:
         nbytes = res.info["level0_bytes"]
         for mode in MODES:
-            bench.run_worker(read_job(server.location, "vol", mode, 0, verify=True, paths=[str(path)]))
+            bench.run_worker(fb.read_job(server.location, "vol", mode, 0, verify=True, paths=[str(path)]))
             before = bench.cache_stats(server.location)["locates"]
             cpu0 = server.cpu_seconds()
-            r = bench.run_worker(read_job(server.location, "vol", mode, warm_reps))
+            r = bench.run_worker(fb.read_job(server.location, "vol", mode, warm_reps))
             row = {"times": r["times"], "server_cpu": (server.cpu_seconds() - cpu0) / max(warm_reps, 1),
                    "client_cpu": r["client_cpu"], "bytes": nbytes,
                    "locates": bench.cache_stats(server.location)["locates"] - before}
@@ -454,50 +356,29 @@ def npy_phase(args, data, work, res, warm_reps):
 
 
 def reference_phase(data, work, res, cold_reps, warm_reps, shapes):
-    ref = bench.reference_module()
-    binary = ref.ensure_installed()
-    version = subprocess.run([str(binary), "version"], capture_output=True, text=True).stdout.strip()
-    res.info["reference_version"] = " ".join(version.split()) or ref.VERSION
-    cls = type("ReferenceProcess", (bench.ProcStats, ref.ReferenceServer), {})
+    ref = fb.Reference(data, work, min_sources=len(CODECS))
+    res.info["reference_version"] = ref.version
     stores = {n: data / f"{n}.zarr" for n in CODECS}
 
-    def start(tag):
-        scratch, cache = work / f"ref-{tag}", work / f"ref-{tag}-cache"
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(cache, ignore_errors=True)
-        return cls(binary, data, scratch, cache, min_sources=len(CODECS))
+    def ids_of(server):
+        """{store: id of its image} from the catalog."""
+        return ref.ids(server, {n: f"/{n}.zarr" for n in CODECS}, {n: shapes[0] for n in CODECS})
 
-    def ids_of(server, tries=20):
-        """{store: id of its image, "store level N": id of that level} from the catalog."""
-        for _ in range(tries):
-            sources = bench.run_worker({"kind": "catalog", "location": server.location})["sources"]
-            ids = {}
-            for n in CODECS:
-                for src in sources:
-                    url = (src.get("source_url") or "").rstrip("/")
-                    if url.endswith(f"/{n}.zarr") and tuple(src.get("shape") or ()) == shapes[0]:
-                        ids[n] = src["source_id"]
-            if len(ids) == len(CODECS):
-                return ids
-            time.sleep(0.5)
-        raise RuntimeError(f"biopb server does not list both stores: {sources}\n" + server.log_tail())
-
-    server = start("warm")
+    server = ref.start("warm")
     try:
         res.info["reference_ready_s"] = server.ready_seconds
         ids = ids_of(server)
-        res.info["reference_ids"] = {n: ids[n] for n in CODECS}
-        warm_rows(server, {n: ids[n] for n in CODECS}, stores, warm_reps, res, "biopb server")
+        res.info["reference_ids"] = ids
+        fb.warm_rows(server, ids, res.info["level0_bytes"], check_with(server, stores), warm_reps, res,
+                     "biopb server")
     finally:
         server.stop()
 
-    def start_cold():
-        return start("cold")
-
     step = 1 << (LEVELS - 1)
     # biopb's server lists an image as one source: its smallest level is a scaled read.
-    cold_rows(start_cold, ids_of, lambda ids, n: {"id": ids[n], "scale": [1, step, step]}, cold_reps, res,
-              "biopb server")
+    fb.cold_rows(lambda: ref.start("cold"), CODECS,
+                 cold_job(ids_of, lambda ids, n: {"id": ids[n], "scale": [1, step, step]}), cold_reps, res,
+                 "biopb server", res.info["level0_bytes"])
 
 
 # --------------------------------------------------------------------------- report
@@ -656,33 +537,7 @@ zarr-python with all cores; warm as for `.npy`):
 """
 
 
-def write_performance(path: pathlib.Path, text: str) -> str:
-    """Replaces (or appends) the section in `path`, keeping the rest of the file and the
-    section's hand-written analysis (from ANALYSIS to the section's end); returns the
-    analysis kept."""
-    old = path.read_text() if path.exists() else "# Performance\n"
-    kept = ""
-    at = old.find(f"\n{SECTION}\n")
-    if at >= 0:
-        end = old.find("\n## ", at + len(SECTION) + 2)
-        body = old[at:end] if end >= 0 else old[at:]
-        if ANALYSIS in body:
-            kept = body[body.find(ANALYSIS):].rstrip("\n")
-        old = old[:at] + (old[end:] if end >= 0 else "\n")
-    text = text.rstrip("\n") + ("\n\n" + kept if kept else "")
-    path.write_text(old.rstrip("\n") + "\n\n" + text + "\n")
-    print(f"wrote {path}")
-    return kept
-
-
 # --------------------------------------------------------------------------- main
-
-
-def binary_note(binary) -> str:
-    size = os.path.getsize(binary)
-    return (f"`{binary}`, {size / MiB:.0f} MiB: a dev-profile build in which Tessera's own crates "
-            "are at opt-level 1 and every dependency (zarrs, blosc, zstd, arrow, …) at opt-level 2; "
-            "a release build would be faster in Tessera's own code (the decoders are dependencies).")
 
 
 def main():
@@ -712,7 +567,7 @@ def main():
     if args.report_only:
         work = pathlib.Path(args.work) / ("quick" if args.quick else "full")
         saved = json.loads((work / "results.json").read_text())
-        res = Results(work / "results.json")
+        res = fb.Results(work / "results.json")
         res.rows, res.info = saved["rows"], saved["info"]
         report(res, args, res.info["cold_reps"], res.info["warm_reps"])
         return
@@ -725,7 +580,7 @@ def main():
     data = work / "data"
     print("stores:", flush=True)
     stores = write_stores(data, work / "state", shape)
-    res = Results(work / "results.json")
+    res = fb.Results(work / "results.json")
     phases = set(args.phases.split(","))
     if phases != {"tessera", "zarr", "npy", "biopb", "rust", "cached-source"} and res.path.exists():
         saved = json.loads(res.path.read_text())
@@ -735,10 +590,10 @@ def main():
     shapes = level_shapes(shape)
     res.info = {**old_info, **{
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "binary": binary_note(args.bin), "shapes": shapes, "zarr_version": zarr.__version__,
+        "binary": fb.binary_note(args.bin), "shapes": shapes, "zarr_version": zarr.__version__,
         "level0_bytes": shape[0] * shape[1] * shape[2] * 2,
-        "store_bytes": {n: du_bytes(p) for n, p in stores.items()},
-        "level0_store_bytes": {n: du_bytes(p / "0") for n, p in stores.items()},
+        "store_bytes": {n: fb.du_bytes(p) for n, p in stores.items()},
+        "level0_store_bytes": {n: fb.du_bytes(p / "0") for n, p in stores.items()},
         "cold_reps": cold_reps, "warm_reps": warm_reps,
     }}
     if "tessera" in phases:
@@ -776,7 +631,7 @@ def report(res, args, cold_reps, warm_reps):
     print(cpu_per_gib(res))
     if not args.no_doc:
         text = section(res, args, cold_reps, warm_reps)
-        kept = write_performance(pathlib.Path(args.doc), text)
+        kept = fb.write_performance(pathlib.Path(args.doc), SECTION, ANALYSIS, text)
         if args.measurement:
             m = pathlib.Path(args.measurement)
             body = text.split("\n", 1)[1].lstrip("\n")
