@@ -230,7 +230,12 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
-    fn run(text: Option<&str>, pattern: &str, group: Option<i64>, options: Option<&str>) -> Result<Option<String>> {
+    fn run(
+        text: Option<&str>,
+        pattern: &str,
+        group: Option<i64>,
+        options: Option<&str>,
+    ) -> Result<Option<String>> {
         let text_array: ArrayRef = Arc::new(StringArray::from(vec![text, Some("x")]));
         let mut args = vec![
             ColumnarValue::Array(text_array),
@@ -263,31 +268,69 @@ mod tests {
     #[test]
     fn the_match_a_group_or_the_empty_string() {
         let url = "dnd://scans/day1/a.npy";
-        assert_eq!(run(Some(url), r"^dnd://[^\\/]+", None, None).unwrap().unwrap(), "dnd://scans");
-        assert_eq!(run(Some(url), r"dnd://([^/]+)/(\w+)", Some(2), None).unwrap().unwrap(), "day1");
-        assert_eq!(run(Some("file:///a"), r"^dnd://[^\\/]+", None, None).unwrap().unwrap(), "");
+        assert_eq!(
+            run(Some(url), r"^dnd://[^\\/]+", None, None)
+                .unwrap()
+                .unwrap(),
+            "dnd://scans"
+        );
+        assert_eq!(
+            run(Some(url), r"dnd://([^/]+)/(\w+)", Some(2), None)
+                .unwrap()
+                .unwrap(),
+            "day1"
+        );
+        assert_eq!(
+            run(Some("file:///a"), r"^dnd://[^\\/]+", None, None)
+                .unwrap()
+                .unwrap(),
+            ""
+        );
         // A group that takes no part in the match is empty too.
-        assert_eq!(run(Some("ab"), "a(x)?b", Some(1), None).unwrap().unwrap(), "");
+        assert_eq!(
+            run(Some("ab"), "a(x)?b", Some(1), None).unwrap().unwrap(),
+            ""
+        );
         assert_eq!(run(None, "a", None, None).unwrap(), None);
     }
 
     #[test]
     fn options_follow_duckdb_letters() {
-        assert_eq!(run(Some("ABC"), "b", None, Some("i")).unwrap().unwrap(), "B");
+        assert_eq!(
+            run(Some("ABC"), "b", None, Some("i")).unwrap().unwrap(),
+            "B"
+        );
         assert_eq!(run(Some("ABC"), "b", None, Some("c")).unwrap().unwrap(), "");
-        assert_eq!(run(Some("a.c abc"), "a.c", None, Some("l")).unwrap().unwrap(), "a.c");
+        assert_eq!(
+            run(Some("a.c abc"), "a.c", None, Some("l"))
+                .unwrap()
+                .unwrap(),
+            "a.c"
+        );
         assert_eq!(run(Some("a\nb"), "a.b", None, None).unwrap().unwrap(), "");
-        assert_eq!(run(Some("a\nb"), "a.b", None, Some("s")).unwrap().unwrap(), "a\nb");
-        assert_eq!(run(Some("a\nb"), "a.b", None, Some("s n")).unwrap().unwrap(), "");
+        assert_eq!(
+            run(Some("a\nb"), "a.b", None, Some("s")).unwrap().unwrap(),
+            "a\nb"
+        );
+        assert_eq!(
+            run(Some("a\nb"), "a.b", None, Some("s n"))
+                .unwrap()
+                .unwrap(),
+            ""
+        );
     }
 
     #[test]
     fn refusals_name_what_and_why() {
-        let e = run(Some("a"), "(a)", Some(2), None).unwrap_err().to_string();
+        let e = run(Some("a"), "(a)", Some(2), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("group 2 is out of range"), "{e}");
         let e = run(Some("a"), "(", None, None).unwrap_err().to_string();
         assert!(e.contains("pattern '(' is refused"), "{e}");
-        let e = run(Some("a"), "a", None, Some("g")).unwrap_err().to_string();
+        let e = run(Some("a"), "a", None, Some("g"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("only for regexp_replace"), "{e}");
     }
 }
