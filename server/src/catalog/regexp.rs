@@ -241,7 +241,9 @@ mod tests {
             ColumnarValue::Array(text_array),
             ColumnarValue::Scalar(ScalarValue::Utf8(Some(pattern.to_owned()))),
         ];
-        if let Some(g) = group {
+        // Options come fourth: a call with options names the group too (0 by default).
+        if group.is_some() || options.is_some() {
+            let g = group.unwrap_or(0);
             args.push(ColumnarValue::Scalar(ScalarValue::Int64(Some(g))));
         }
         if let Some(o) = options {
