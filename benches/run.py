@@ -23,6 +23,7 @@ Usage (from the repository root)::
     .venv/bin/python benches/run.py --sweep 4MiB,8MiB,16MiB,32MiB --no-doc
     .venv/bin/python benches/run.py --criterion     # also runs the segments criterion benches
     .venv/bin/python benches/run.py --reference     # also biopb's own server (0.13.0), same bytes, same run
+    .venv/bin/python benches/run.py --planes        # also a viewer's plane-wise reads (benches/planes.py)
 
 ``--reference`` installs biopb-tensor-server 0.13.0 into benches/reference/.venv on first
 use (benches/reference/setup.sh), writes w256 and w64 as uncompressed zarr v2 arrays next
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -566,6 +568,14 @@ def reference_module():
     return biopb_reference
 
 
+def planes_module():
+    """benches/planes.py: the plane-wise reader's cold session (issue 37)."""
+    spec = importlib.util.spec_from_file_location("tessera_bench_planes", ROOT / "benches" / "planes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def start_reference(ref, binary, data, scratch, cache):
     """A fresh biopb server (scratch and cache emptied) with run.py's /proc readings."""
     shutil.rmtree(scratch, ignore_errors=True)
@@ -994,6 +1004,9 @@ def main():
     ap.add_argument("--criterion", action="store_true", help="also run the segments criterion benches")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
     ap.add_argument("--no-doc", action="store_true", help="print only; do not rewrite the doc")
+    ap.add_argument("--planes", action="store_true",
+                    help="also the plane-wise reader of benches/planes.py (a viewer reading a (40, 2048, 2048) "
+                         "volume a z-plane at a time, cold); with --reference, on biopb's server too")
     ap.add_argument("--reference", action="store_true",
                     help="also measure biopb's own server (biopb-tensor-server 0.13.0) on the same bytes; "
                          "installs it into benches/reference/.venv on first use")
@@ -1103,6 +1116,9 @@ def main():
     if args.reference:
         print("reference server (biopb-tensor-server):", flush=True)
         reference = reference_phase(args, files, work, reps, cold_reps, res)
+
+    if args.planes:
+        planes_module().planes_phase(args.bin, work, cold_reps, res, reference=args.reference, extra=extra)
 
     crit = criterion_figures(args.criterion)
     table = results_table(res, anchors_by_name, reps)

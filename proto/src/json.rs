@@ -47,7 +47,7 @@ pub struct Health {
     pub uptime_seconds: f64,
     /// Whether uploads are accepted.
     pub writable: bool,
-    /// Whether a persistent metadata database is in use.
+    /// Whether the server offers a catalog (it answers `catalog_query`).
     pub metadata_db_enabled: bool,
     /// Whether ROI annotations are kept, durably (the server holds its state directory).
     #[serde(default)]
@@ -56,6 +56,13 @@ pub struct Health {
     pub full_scan_in_progress: bool,
     /// Unix time the last full scan finished, `null` if none has.
     pub last_full_scan_finished_at: Option<f64>,
+    /// Sources found and not yet registered; 0 when the catalog is whole.
+    #[serde(default)]
+    pub registration_pending: u64,
+    /// Names the catalog's content: it changes when a source or a READY upload is added,
+    /// removed or changed, and never repeats across restarts. Clients re-list when it moves.
+    #[serde(default)]
+    pub catalog_generation: Option<String>,
     /// Server implementation name, [`crate::SERVER_NAME`].
     pub server: String,
     /// Server version.

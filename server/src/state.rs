@@ -33,6 +33,8 @@ pub struct ServiceState {
     sources: Sources,
     chunks: Arc<ChunkService>,
     started: Instant,
+    /// The start time in Unix milliseconds: the run part of `catalog_generation`.
+    run_id: u128,
     scan: ScanStatus,
     catalog: Catalog,
     unread: Arc<UnreadReplies>,
@@ -59,6 +61,9 @@ impl ServiceState {
             sources: Sources::new(registry, open_options),
             chunks,
             started: Instant::now(),
+            run_id: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis()),
             scan: ScanStatus::default(),
             catalog: Catalog::new(CatalogLimits::default()),
             unread: UnreadReplies::new(UnreadLimits::default()),
@@ -302,6 +307,24 @@ impl ServiceState {
     /// Time since the service started.
     pub fn uptime(&self) -> std::time::Duration {
         self.started.elapsed()
+    }
+
+    /// Names the catalog's content (`health`'s `catalog_generation`):
+    /// `<run>.<registry generation>.<uploads>`, where the run is the start time in
+    /// milliseconds (so a value never repeats across restarts), the registry generation
+    /// moves whenever a source is added, removed or reopened after a change, and the last
+    /// part is a digest of the READY uploads' ids and content versions. Equal values mean
+    /// the `sources` and `tensors` tables held the same rows (a file changed on disk
+    /// counts once the server has reopened it, on a read or a catalog query).
+    pub fn catalog_generation(&self) -> String {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let registry = self.sources.read().generation();
+        let mut uploads = DefaultHasher::new();
+        for upload in self.ready_uploads() {
+            upload.array_id().hash(&mut uploads);
+            upload.version().hash(&mut uploads);
+        }
+        format!("{}.{registry}.{:x}", self.run_id, uploads.finish())
     }
 
     /// The registry as the SQL catalog shows it, after reopening any served source

@@ -14,10 +14,12 @@ fn health(external_location: Option<String>) -> Health {
         source_count: 2,
         uptime_seconds: 1.5,
         writable: false,
-        metadata_db_enabled: false,
+        metadata_db_enabled: true,
         annotations_persisted: true,
         full_scan_in_progress: false,
         last_full_scan_finished_at: None,
+        registration_pending: 0,
+        catalog_generation: Some("1764856000000.7.0".to_owned()),
         server: "tessera".to_owned(),
         version: "0.1.0".to_owned(),
         external_location,
@@ -36,6 +38,9 @@ fn health_says_protocol_3_and_never_ticket_stubs() {
         assert_eq!(value["protocol"], json!(3));
         assert_eq!(value["status"], json!("SERVING"));
         assert!(value.get("ticket_stubs").is_none(), "{value}");
+        // The napari Tensor Browser polls these two to know when to re-list.
+        assert_eq!(value["registration_pending"], json!(0));
+        assert_eq!(value["catalog_generation"], json!("1764856000000.7.0"));
     }
 }
 

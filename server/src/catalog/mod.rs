@@ -20,6 +20,7 @@
 mod capped;
 mod guard;
 mod len;
+mod regexp;
 mod rois;
 mod session;
 pub mod tables;

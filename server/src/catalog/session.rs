@@ -25,6 +25,7 @@ use datafusion::object_store::ObjectStore;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 
 use super::len::ListLen;
+use super::regexp::RegexpExtract;
 use super::tables::{self, Snapshot};
 
 /// Scalar functions left out of the catalog: lists whose length is set by an argument
@@ -54,7 +55,7 @@ pub fn sql_options() -> SQLOptions {
 }
 
 /// A fresh session over `snapshot`: the `sources` and `tensors` tables, the built-in
-/// scalar, aggregate and window functions, and `len`.
+/// scalar, aggregate and window functions, and DuckDB's `len` and `regexp_extract`.
 pub fn context(runtime: &Arc<RuntimeEnv>, snapshot: &Snapshot) -> Result<SessionContext> {
     let mut config = SessionConfig::new()
         .with_target_partitions(1)
@@ -68,6 +69,7 @@ pub fn context(runtime: &Arc<RuntimeEnv>, snapshot: &Snapshot) -> Result<Session
     let mut scalar = SessionStateDefaults::default_scalar_functions();
     scalar.retain(|f| !UNBOUNDED_OUTPUT.contains(&f.name()));
     scalar.push(Arc::new(ListLen::udf()));
+    scalar.push(Arc::new(RegexpExtract::udf()));
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(runtime.clone())

@@ -14,7 +14,7 @@ pub enum AxisRole {
     Y,
     /// Columns (`x`).
     X,
-    /// Interleaved samples, e.g. RGB components (`s`, `sample`).
+    /// Interleaved samples, e.g. RGB components (`s`, `sample`, `samples`).
     Sample,
 }
 
@@ -35,7 +35,7 @@ impl AxisRole {
 
 /// Recognises an axis label, ignoring ASCII case and surrounding whitespace.
 ///
-/// `t`/`time`, `c`/`channel`, `z`/`depth`, `y`, `x` and `s`/`sample` are
+/// `t`/`time`, `c`/`channel`, `z`/`depth`, `y`, `x` and `s`/`sample`/`samples` are
 /// recognised; anything else is `None` (a label with no known role).
 pub fn normalize_label(label: &str) -> Option<AxisRole> {
     let lower = label.trim().to_ascii_lowercase();
@@ -45,7 +45,7 @@ pub fn normalize_label(label: &str) -> Option<AxisRole> {
         "z" | "depth" => Some(AxisRole::Depth),
         "y" => Some(AxisRole::Y),
         "x" => Some(AxisRole::X),
-        "s" | "sample" => Some(AxisRole::Sample),
+        "s" | "sample" | "samples" => Some(AxisRole::Sample),
         _ => None,
     }
 }
@@ -56,11 +56,13 @@ pub fn normalize_label(label: &str) -> Option<AxisRole> {
 /// rank 1 → `x`; 2 → `y x`; 3 → `z y x`; 4 → `c z y x`; 5 → `t c z y x`;
 /// rank 6 and above → `dim_0`, `dim_1`, … for the extra leading axes, then
 /// `t c z y x`. Rank 0 has no labels. One exception fits how images are stored: a
-/// 3-D array whose last axis has length 3 or 4 (RGB, RGBA) is `y x c`.
+/// 3-D array whose last axis has length 3 or 4 (RGB, RGBA) is `y x s`: `s` is the label
+/// biopb's readers (its server's adapters, the napari Tensor Browser) take for interleaved
+/// colour samples, so napari draws it as colour and puts no physical scale on it.
 pub fn default_dim_labels(shape: &[u64]) -> Vec<String> {
     const TAIL: [&str; 5] = ["t", "c", "z", "y", "x"];
     if let [_, _, 3 | 4] = shape {
-        return ["y", "x", "c"].map(str::to_owned).to_vec();
+        return ["y", "x", "s"].map(str::to_owned).to_vec();
     }
     let rank = shape.len();
     let named = rank.min(TAIL.len());
@@ -90,9 +92,9 @@ mod tests {
     }
 
     #[test]
-    fn images_with_three_or_four_trailing_samples_are_y_x_c() {
-        assert_eq!(default_dim_labels(&[480, 640, 3]), ["y", "x", "c"]);
-        assert_eq!(default_dim_labels(&[480, 640, 4]), ["y", "x", "c"]);
+    fn images_with_three_or_four_trailing_samples_are_y_x_s() {
+        assert_eq!(default_dim_labels(&[480, 640, 3]), ["y", "x", "s"]);
+        assert_eq!(default_dim_labels(&[480, 640, 4]), ["y", "x", "s"]);
         assert_eq!(default_dim_labels(&[480, 640, 5]), ["z", "y", "x"]);
         assert_eq!(default_dim_labels(&[10, 480, 640, 3]), ["c", "z", "y", "x"]);
     }
@@ -110,6 +112,7 @@ mod tests {
             (" x ", AxisRole::X),
             ("S", AxisRole::Sample),
             ("sample", AxisRole::Sample),
+            ("samples", AxisRole::Sample),
         ] {
             assert_eq!(normalize_label(text), Some(role), "{text:?}");
         }

@@ -76,6 +76,41 @@ pub const DEFAULT_TARGET_CHUNK_BYTES: u64 = 8 << 20;
 /// and a few dask tasks instead of one per 8 MiB (docs/decisions/0015).
 pub const DEFAULT_MAPPED_CHUNK_BYTES: u64 = MAX_CHUNK_BYTES;
 
+/// A plane (the two fastest axes) at least this large is not merged with its neighbours
+/// along slower axes on the coarse grid: a viewer reading one plane at a time would decode
+/// every plane of the cell on each jump (docs/decisions/0015, amended by issue 37).
+pub const LARGE_PLANE_BYTES: u64 = 4 << 20;
+
+/// The target of a tensor's coarse (mapped) grid: `mapped_target`, except that a tensor of
+/// three or more axes whose plane (its two fastest axes: the last two in C order, the first
+/// two in Fortran order) holds at least [`LARGE_PLANE_BYTES`] gets cells no larger than
+/// one plane or the fine grid's `fine_target`, whichever is larger. Such a cell spans one
+/// index of the slow axes (or as many as the fine grid's), so a plane-wise reader decodes
+/// about one plane per plane it asks for; a plane larger than that stays cut into bands as
+/// large as `mapped_target` allows. Tensors of one or two axes, and stacks of smaller
+/// planes, are planned on `mapped_target` unchanged.
+pub fn mapped_target(
+    shape: &[u64],
+    itemsize: u64,
+    fortran_order: bool,
+    fine_target: u64,
+    mapped_target: u64,
+) -> u64 {
+    if shape.len() < 3 {
+        return mapped_target;
+    }
+    let plane = if fortran_order {
+        &shape[..2]
+    } else {
+        &shape[shape.len() - 2..]
+    };
+    let plane_bytes = plane.iter().fold(itemsize, |acc, d| acc.saturating_mul(*d));
+    if plane_bytes < LARGE_PLANE_BYTES {
+        return mapped_target;
+    }
+    mapped_target.min(plane_bytes.max(fine_target))
+}
+
 /// The largest number of axes a grid (and a chunk id) supports.
 pub const MAX_RANK: usize = 32;
 
@@ -539,6 +574,30 @@ fn contiguous_chunk(shape: &[u64], itemsize: u64, target: u64) -> Vec<u64> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn coarse_cells_keep_large_planes_apart() {
+        let coarse = |shape: &[u64], itemsize, fortran| {
+            let target = mapped_target(shape, itemsize, fortran, 8 << 20, 64 << 20);
+            ChunkGrid::plan(shape, itemsize, fortran, target)
+                .unwrap()
+                .chunk_shape()
+                .to_vec()
+        };
+        // napari's volume: 8 MiB planes were merged 8 at a time; now one plane a cell.
+        assert_eq!(coarse(&[40, 2048, 2048], 2, false), [1, 2048, 2048]);
+        assert_eq!(coarse(&[8, 4, 2048, 2048], 2, false), [1, 1, 2048, 2048]);
+        // At the threshold (4 MiB planes) cells are the fine grid's: two planes of 8 MiB.
+        assert_eq!(coarse(&[40, 1024, 2048], 2, false), [2, 1024, 2048]);
+        // Smaller planes still merge up to the coarse target.
+        assert_eq!(coarse(&[256, 1024, 1024], 2, false), [32, 1024, 1024]);
+        // A plane over the coarse target is still cut in bands as large as it allows.
+        assert_eq!(coarse(&[4, 8192, 8192], 2, false), [1, 4096, 8192]);
+        // Fortran order: the plane is the first two axes.
+        assert_eq!(coarse(&[2048, 2048, 40], 2, true), [2048, 2048, 1]);
+        // One or two axes: unchanged.
+        assert_eq!(coarse(&[4096, 4096], 4, false), [4096, 4096]);
+    }
 
     #[test]
     fn fitted_cells_are_whole_native_chunks_within_the_cap() {

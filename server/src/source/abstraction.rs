@@ -83,8 +83,9 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         None
     }
 
-    /// The format's own keys of `metadata_json`, after `format` (a `.npy` file's path,
-    /// version and order).
+    /// The format's own keys of `metadata_json`, after `format` (a `.npy` file's version
+    /// and order). No server path: `source_url` says where a source is, as much as its
+    /// origin lets it (a dropped folder's `dnd://` url does not name the server's folders).
     fn format_metadata(&self) -> Map<String, Value> {
         Map::new()
     }

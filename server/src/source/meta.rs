@@ -33,7 +33,8 @@ use crate::source::confine::Confine;
 /// Largest sidecar read, in bytes.
 pub const MAX_SIDECAR_BYTES: u64 = 1 << 20;
 
-/// Keys of `metadata_json` Tessera writes itself; supplied metadata may not use them.
+/// Keys of `metadata_json` Tessera writes itself (and `path`, which it no longer sends:
+/// `source_url` says where a source is); supplied metadata may not use them.
 pub const RESERVED_KEYS: [&str; 11] = [
     "format",
     "path",

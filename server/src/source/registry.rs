@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 
 use crate::content_version::FileVersion;
 use crate::grid::chunk_id::ContentVersion;
-use crate::grid::{ChunkGrid, Region, default_dim_labels};
+use crate::grid::{ChunkGrid, Region, default_dim_labels, mapped_target};
 use crate::source::Source;
 use crate::source::confine::Confine;
 use crate::source::formats;
@@ -38,9 +38,10 @@ use crate::source::meta::{self, SourceMeta, Supplied};
 use crate::source::npy::{Limits, Placement};
 use crate::source::origin::Origin;
 
-/// Source of registry generations: every registry whose set of sources may differ from
-/// its parent's gets a new one, so what is derived from the set (the catalog tree) is
-/// rebuilt only when it changed.
+/// Source of registry generations: every registry whose sources may differ from its
+/// parent's (one added, removed, or reopened after a change) gets a new one, so what is
+/// derived from them (the catalog tree, `health`'s `catalog_generation`) is rebuilt only
+/// when they changed.
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
 fn next_generation() -> u64 {
@@ -506,8 +507,8 @@ impl Registry {
         self.tensors.len() + self.refused.len()
     }
 
-    /// The generation of this registry's set of sources: equal generations hold the same
-    /// ids at the same paths.
+    /// The generation of this registry's sources: equal generations hold the same ids at
+    /// the same paths, opened from the same file versions.
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -633,6 +634,8 @@ impl Registry {
         if let Some(refused) = self.refused.get_mut(&id) {
             refused.after_change = was_served || broke_before;
         }
+        // The source's row changed (its shape, dtype or refusal): the catalog did.
+        self.generation = next_generation();
         true
     }
 
@@ -863,7 +866,13 @@ fn open_tensor(
         .map_err(|e| format!("{}: {e}", path.display()))
     };
     let grid = plan_grid(options.target_chunk_bytes)?;
-    let mapped_grid = plan_grid(options.mapped_chunk_bytes.max(options.target_chunk_bytes))?;
+    let mapped_grid = plan_grid(mapped_target(
+        shape,
+        source.dtype().itemsize as u64,
+        source.fortran_order(),
+        options.target_chunk_bytes,
+        options.mapped_chunk_bytes.max(options.target_chunk_bytes),
+    ))?;
     let version = source.version();
     let rank = shape.len();
     let dim_labels = match labels {

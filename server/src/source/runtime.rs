@@ -48,10 +48,12 @@ impl Default for RuntimeRoots {
 /// only paths under a root are told apart.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// No roots are configured.
+    /// No roots are configured (docs/decisions/0032: there is no default root).
     #[error(
-        "adding sources at runtime is turned off on this server: the operator lists the \
-         directories it may add from in add_source_roots (config file) or --add-source-root"
+        "adding sources at runtime (register_local_path, napari's drag and drop) is turned \
+         off on this server: start it with --add-source-root DIR (repeatable; or \
+         TESSERA_ADD_SOURCE_ROOTS=DIR1:DIR2, or add_source_roots in the config file) naming \
+         the folders sources may be added from, for example --add-source-root \"$HOME\""
     )]
     Disabled,
     /// The path is relative or empty.
@@ -66,7 +68,11 @@ pub enum RuntimeError {
         source: std::io::Error,
     },
     /// The path lies outside every root, or cannot be told to lie inside one.
-    #[error("'{0}' is outside the directories sources may be added from (add_source_roots)")]
+    #[error(
+        "'{0}' is outside the directories sources may be added from (add_source_roots); \
+         to allow it, start the server with --add-source-root naming a folder that holds it \
+         (or add it to TESSERA_ADD_SOURCE_ROOTS)"
+    )]
     OutsideRoots(String),
     /// `remove_source` of something other than a runtime root.
     #[error(

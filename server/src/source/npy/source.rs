@@ -87,10 +87,6 @@ impl Source for NpyFile {
         let header = self.header();
         let mut map = Map::new();
         map.insert(
-            "path".to_string(),
-            json!(NpyFile::path(self).display().to_string()),
-        );
-        map.insert(
             "npy_version".to_string(),
             json!(format!("{}.{}", header.version.0, header.version.1)),
         );

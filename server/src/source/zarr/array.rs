@@ -192,7 +192,6 @@ impl ZarrArray {
     /// The keys of `metadata_json` this array adds.
     pub fn metadata(&self) -> Map<String, Value> {
         let mut map = Map::new();
-        map.insert("path".into(), json!(self.dir.display().to_string()));
         map.insert("zarr_format".into(), json!(self.zarr_format));
         map.insert("zarr_chunks".into(), json!(self.native_chunk));
         if !self.array.attributes().is_empty() {

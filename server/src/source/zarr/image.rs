@@ -217,7 +217,6 @@ impl Source for OmeImage {
 
     fn format_metadata(&self) -> Map<String, Value> {
         let mut map = self.level0.metadata();
-        map.insert("path".into(), json!(self.root.display().to_string()));
         map.insert("ngff_version".into(), json!(self.meta.version));
         map.insert("multiscales".into(), self.meta.multiscales.clone());
         if let Some(omero) = &self.meta.omero {

@@ -297,10 +297,15 @@ fn health(state: &ServiceState) -> Health {
         source_count: state.source_count() as u64,
         uptime_seconds: state.uptime().as_secs_f64(),
         writable: state.writable(),
-        metadata_db_enabled: false,
+        // The catalog always answers queries (`catalog_query`, `catalog_children`).
+        metadata_db_enabled: true,
         annotations_persisted: state.annotations().is_ok(),
         full_scan_in_progress: state.scan_status().in_progress(),
         last_full_scan_finished_at: state.scan_status().last_finished_at(),
+        // Sources are registered before the port is bound and before `add_source`
+        // answers: none is ever found and left to register later.
+        registration_pending: 0,
+        catalog_generation: Some(state.catalog_generation()),
         server: SERVER_NAME.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         external_location: None,
