@@ -48,7 +48,7 @@ impl Default for RuntimeRoots {
 /// only paths under a root are told apart.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// No roots are configured (docs/decisions/0032: there is no default root).
+    /// No roots are configured (docs/decisions/0033: there is no default root).
     #[error(
         "adding sources at runtime (register_local_path, napari's drag and drop) is turned \
          off on this server: start it with --add-source-root DIR (repeatable; or \
