@@ -58,6 +58,8 @@ mod writers;
 pub use dtype::{ByteOrder, Dtype, Kind};
 pub use error::NpyError;
 pub use file::{NpyFile, Placement};
+pub(crate) use file::{open_placed, touched_within};
+pub(crate) use writers::{Writers, probe as probe_writers};
 pub use header::{Header, parse_header};
 pub use limits::Limits;
 pub(crate) use region::gather;
