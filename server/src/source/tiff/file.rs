@@ -11,7 +11,9 @@ use std::time::Duration;
 use super::error::TiffError;
 use crate::content_version::FileVersion;
 use crate::source::npy::handles::Slot;
-use crate::source::npy::{NpyError, Placement, Writers, open_placed, probe_writers, touched_within};
+use crate::source::npy::{
+    NpyError, Placement, Writers, open_placed, probe_writers, touched_within,
+};
 
 /// How often [`TiffFile::settle`] waits out a stability window before giving up.
 const SETTLE_ATTEMPTS: usize = 3;
@@ -91,7 +93,8 @@ impl TiffFile {
         if let Some(file) = self.slot.get() {
             return Ok(file);
         }
-        let file = open_placed(&self.path, self.place.as_ref()).map_err(|e| opened(&self.path, e))?;
+        let file =
+            open_placed(&self.path, self.place.as_ref()).map_err(|e| opened(&self.path, e))?;
         let meta = file.metadata().map_err(|source| TiffError::Io {
             path: self.path.clone(),
             what: "stat",

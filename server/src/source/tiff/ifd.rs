@@ -102,8 +102,6 @@ pub enum Value {
 /// One image file directory: the tags read, and where the chain goes next.
 #[derive(Clone, Debug, Default)]
 pub struct Directory {
-    /// Where the directory is.
-    pub offset: u64,
     /// The tags read, by number.
     pub tags: BTreeMap<u16, Value>,
     /// The next directory's offset (0: none).
@@ -155,8 +153,6 @@ pub struct Reader<'a> {
 /// The main chain's directories, each with its SubIFDs' directories.
 #[derive(Debug)]
 pub struct Walk {
-    /// The header.
-    pub header: Header,
     /// Every page (main-chain directory) in order, with its SubIFDs in order.
     pub pages: Vec<(Directory, Vec<Directory>)>,
 }
@@ -296,7 +292,7 @@ impl<'a> Reader<'a> {
             tags.insert(tag_id, parse_value(kind, size, &raw, little));
         }
         let next = decode(&table[(count * entry_len) as usize..], little);
-        Ok(Directory { offset, tags, next })
+        Ok(Directory { tags, next })
     }
 
     /// Walks the main chain from the header, and each page's SubIFDs, refusing a directory
@@ -336,10 +332,7 @@ impl<'a> Reader<'a> {
         if pages.is_empty() {
             return Err(self.past("the first directory (offset 0)".to_string()));
         }
-        Ok(Walk {
-            header: self.header,
-            pages,
-        })
+        Ok(Walk { pages })
     }
 }
 

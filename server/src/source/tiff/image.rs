@@ -479,7 +479,12 @@ impl Source for TiffImage {
         map.insert("pages".into(), json!(self.pages.len()));
         map.insert("compression".into(), json!(format!("{:?}", page.codec)));
         map.insert(
-            if page.tiled { "tile_shape" } else { "strip_shape" }.into(),
+            if page.tiled {
+                "tile_shape"
+            } else {
+                "strip_shape"
+            }
+            .into(),
             json!([page.chunk_height, page.chunk_width]),
         );
         if self.level > 0 {

@@ -75,7 +75,11 @@ pub fn open_source(
 }
 
 /// Opens the TIFF file at `path`.
-pub fn open(path: &Path, limits: &Limits, place: Option<Placement>) -> Result<TiffImage, TiffError> {
+pub fn open(
+    path: &Path,
+    limits: &Limits,
+    place: Option<Placement>,
+) -> Result<TiffImage, TiffError> {
     let (file, fd) = TiffFile::open(path, place)?;
     let size = file.identity().size;
     let header = read_header(&fd, path, size).map_err(|e| match e {
@@ -104,8 +108,8 @@ pub fn open(path: &Path, limits: &Limits, place: Option<Placement>) -> Result<Ti
     };
     let mut pages = Vec::with_capacity(walk.pages.len());
     for (i, (dir, _)) in walk.pages.iter().enumerate() {
-        let page =
-            Page::from_directory(dir, header.little, size).map_err(|e| malformed(i.to_string(), e))?;
+        let page = Page::from_directory(dir, header.little, size)
+            .map_err(|e| malformed(i.to_string(), e))?;
         if let Some(first) = pages.first()
             && !Page::same_shape(first, &page)
         {
@@ -207,10 +211,7 @@ fn sub_levels(
             }
             pages.push(page);
         }
-        if pages
-            .first()
-            .is_some_and(|p| p.dtype != dtype)
-        {
+        if pages.first().is_some_and(|p| p.dtype != dtype) {
             break;
         }
         levels.push(pages);

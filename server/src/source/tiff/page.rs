@@ -89,8 +89,8 @@ impl Page {
             )));
         }
         let dtype = dtype_of(bits0, format0, little)?;
-        let codec = Codec::of(dir.uint(tag::COMPRESSION).unwrap_or(1))
-            .map_err(PageError::Compression)?;
+        let codec =
+            Codec::of(dir.uint(tag::COMPRESSION).unwrap_or(1)).map_err(PageError::Compression)?;
         let predictor = dir.uint(tag::PREDICTOR).unwrap_or(1) as u16;
         match (predictor, dtype.kind) {
             (1, _) | (2, Kind::Int | Kind::UInt) | (3, Kind::Float) => {}
@@ -319,7 +319,10 @@ mod tests {
             .tags
             .insert(tag::TILE_OFFSETS, Value::Uints(vec![0; 11]));
         let err = Page::from_directory(&short, true, 1000).unwrap_err();
-        assert!(matches!(&err, PageError::Malformed(m) if m.contains("11 offsets")), "{err:?}");
+        assert!(
+            matches!(&err, PageError::Malformed(m) if m.contains("11 offsets")),
+            "{err:?}"
+        );
 
         let past = Page::from_directory(&tiled, true, 5).unwrap_err();
         assert!(matches!(&past, PageError::Malformed(m) if m.contains("past the end")));
