@@ -36,10 +36,10 @@ pub fn stacking(
     file_name: &str,
 ) -> Result<Stacking, StackError> {
     let text = description.unwrap_or("").trim_start();
-    if text.starts_with("<?xml") || text.starts_with("<OME") {
-        if let Ok(doc) = roxmltree::Document::parse(text) {
-            return ome(&doc, pages, width, height, samples, file_name);
-        }
+    if (text.starts_with("<?xml") || text.starts_with("<OME"))
+        && let Ok(doc) = roxmltree::Document::parse(text)
+    {
+        return ome(&doc, pages, width, height, samples, file_name);
     }
     if text.starts_with("ImageJ=") {
         return imagej(text, pages);

@@ -55,7 +55,7 @@ pub enum PageError {
 impl Page {
     /// The page `dir` describes in a file of `size` bytes, `little`-endian.
     pub fn from_directory(dir: &Directory, little: bool, size: u64) -> Result<Page, PageError> {
-        let bad = |why: String| PageError::Malformed(why);
+        let bad = PageError::Malformed;
         let width = dir
             .uint(tag::WIDTH)
             .ok_or_else(|| bad("no ImageWidth".into()))?;
