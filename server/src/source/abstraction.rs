@@ -101,6 +101,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         Scaling::Computed
     }
 
+    /// A stored level (one of [`Scaling::Native`]'s, by its `path`) that is served under
+    /// the source's id and the path (`<id>.<path>`) but is no source of its own on disk: an
+    /// OME-TIFF's SubIFD levels. `None`: no such level, or the level is a source the
+    /// registry serves itself (an OME-Zarr image's datasets).
+    fn level(&self, _path: &str) -> Option<Arc<dyn Source>> {
+        None
+    }
+
     /// Whether the bytes are on this machine now (`is_resident`). One `stat` at most.
     fn is_resident(&self) -> bool {
         true

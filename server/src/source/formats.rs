@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Source;
 use super::npy::{self, Limits, Placement};
-use super::zarr;
+use super::{tiff, zarr};
 
 /// Opens the file or directory at a path as a source, or refuses it with the reason clients
 /// see.
@@ -39,12 +39,24 @@ const ZARR: Format = Format {
     open: zarr::open_source,
 };
 
+/// TIFF, BigTIFF and OME-TIFF files (`.tif`, `.tiff`; an id drops the last extension).
+const TIF: Format = Format {
+    extension: "tif",
+    claims: |path, is_dir| !is_dir && tiff::claims(path),
+    open: tiff::open_source,
+};
+
+/// The other spelling of [`TIF`]'s extension, so that an id drops it too.
+const TIFF: Format = Format {
+    extension: "tiff",
+    claims: |path, is_dir| !is_dir && tiff::claims(path),
+    open: tiff::open_source,
+};
+
 /// Image formats users keep beside their arrays that this server does not read yet: claimed
 /// by extension so that a served folder lists them as refused, by name, instead of passing
 /// over them in silence.
 const NOT_READ: &[Format] = &[
-    not_read("tif"),
-    not_read("tiff"),
     not_read("czi"),
     not_read("nd2"),
     not_read("lif"),
@@ -72,14 +84,13 @@ fn not_read_reason(path: &Path) -> String {
         .map(|e| e.to_string_lossy().to_lowercase())
         .unwrap_or_default();
     let what = match extension.as_str() {
-        "tif" | "tiff" => "a TIFF file",
         "czi" => "a Zeiss CZI file",
         "nd2" => "a Nikon ND2 file",
         "lif" => "a Leica LIF file",
         _ => "an HDF5 file",
     };
     format!(
-        "{}: {what}, a format this server does not read (it serves .npy files and Zarr/OME-Zarr stores); convert it, e.g. to OME-Zarr",
+        "{}: {what}, a format this server does not read (it serves .npy files, Zarr/OME-Zarr stores and TIFF/OME-TIFF files); convert it, e.g. to OME-Zarr",
         path.display()
     )
 }
@@ -88,12 +99,12 @@ fn not_read_reason(path: &Path) -> String {
 pub const FORMATS: &[Format] = &[
     DEFAULT,
     ZARR,
+    TIF,
+    TIFF,
     NOT_READ[0],
     NOT_READ[1],
     NOT_READ[2],
     NOT_READ[3],
-    NOT_READ[4],
-    NOT_READ[5],
 ];
 
 /// The format that claims `path` (a directory when `is_dir`).
@@ -157,10 +168,12 @@ mod tests {
         assert_eq!(strip_extension("image.zarr"), "image");
         assert_eq!(strip_extension(".zarr"), ".zarr");
         let tiff = Path::new("/d/stack.TIF");
-        assert!(is_served(tiff, false));
-        let refusal = open(tiff, &Limits::default(), None).unwrap_err();
+        assert_eq!(format_of(tiff, false).map(|f| f.extension), Some("tif"));
+        assert_eq!(strip_extension("stack.tiff"), "stack");
+        let czi = Path::new("/d/scan.czi");
+        let refusal = open(czi, &Limits::default(), None).unwrap_err();
         assert!(
-            refusal.contains("a TIFF file, a format this server does not read"),
+            refusal.contains("a Zeiss CZI file, a format this server does not read"),
             "{refusal}"
         );
     }

@@ -1,4 +1,4 @@
-//! Sources: the files and stores Tessera serves ([`npy`], [`zarr`]), the registry of them ([`registry`]), its
+//! Sources: the files and stores Tessera serves ([`npy`], [`zarr`], [`tiff`]), the registry of them ([`registry`]), its
 //! lifecycle ([`sources`]) and the state of full scans ([`scan`]); the watcher rescans them.
 pub mod abstraction;
 pub mod confine;
@@ -11,6 +11,7 @@ pub mod registry;
 pub mod runtime;
 pub mod scan;
 pub mod sources;
+pub mod tiff;
 pub mod zarr;
 
 pub use abstraction::{

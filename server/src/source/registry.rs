@@ -913,6 +913,43 @@ fn open_tensor(
     })
 }
 
+/// The tensor of a stored level of `parent`'s source (`source`, served as `id`): grids of
+/// its own, the parent's labels, origin and metadata, the physical scale the level reports.
+pub fn level_tensor(
+    parent: &Tensor,
+    id: &str,
+    source: Arc<dyn Source>,
+    options: &OpenOptions,
+) -> Result<Tensor, String> {
+    let shape = source.shape().to_vec();
+    let itemsize = source.dtype().itemsize as u64;
+    let grid_of = |target: u64| {
+        match source.native_chunk() {
+            Some(native) => ChunkGrid::fitted(&shape, itemsize, &native, target),
+            None => ChunkGrid::plan(&shape, itemsize, false, target),
+        }
+        .map_err(|e| format!("level '{id}': {e}"))
+    };
+    let grid = grid_of(options.target_chunk_bytes)?;
+    let mapped_grid = grid_of(options.mapped_chunk_bytes.max(options.target_chunk_bytes))?;
+    let mut meta = parent.meta.clone();
+    if let Some((scale, unit)) = source.physical_scale() {
+        meta.physical_scale = scale;
+        meta.physical_unit = unit;
+    }
+    Ok(Tensor {
+        array_id: id.to_string(),
+        source_id: parent.source_id.clone(),
+        version: source.version(),
+        source,
+        grid,
+        mapped_grid,
+        dim_labels: parent.dim_labels.clone(),
+        origin: parent.origin.clone(),
+        meta,
+    })
+}
+
 /// Adds the spec's file, or the files of its directory (recursively), to `out` in
 /// sorted order; unreadable subdirectories are noted in `found` and skipped.
 fn collect(

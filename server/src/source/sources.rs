@@ -8,7 +8,9 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::grid::chunk_id::MAX_ARRAY_ID_BYTES;
-use crate::source::registry::{OpenOptions, Opened, Refused, Registry, Tensor, identity_at};
+use crate::source::registry::{
+    OpenOptions, Opened, Refused, Registry, Tensor, identity_at, level_tensor,
+};
 
 /// The served sources.
 pub struct Sources {
@@ -16,6 +18,9 @@ pub struct Sources {
     open_options: OpenOptions,
     /// Held by each `add_source` from its first look at the registry to its last change.
     adds: Mutex<()>,
+    /// The tensors of stored levels served under their source's id (`<id>.<level>`,
+    /// [`Source::level`](crate::source::Source::level)), made on first use, by level id.
+    levels: Mutex<std::collections::HashMap<String, Arc<Tensor>>>,
 }
 
 impl Sources {
@@ -26,6 +31,7 @@ impl Sources {
             registry: RwLock::new(registry),
             open_options,
             adds: Mutex::new(()),
+            levels: Mutex::default(),
         }
     }
 
@@ -113,7 +119,11 @@ impl Sources {
                 Some(t) => t.clone(),
                 None => {
                     let Some(refused) = registry.refused_source(source_id) else {
-                        return Err(LookupError::UnknownSource(array_id.to_string()));
+                        drop(registry);
+                        return match self.resolve_level(source_id) {
+                            Some(level) => level,
+                            None => Err(LookupError::UnknownSource(array_id.to_string())),
+                        };
                     };
                     let refused = refused.clone();
                     let held = registry.refused_identity(source_id);
@@ -135,6 +145,33 @@ impl Sources {
             return Ok(tensor);
         }
         self.reopen(&tensor)
+    }
+
+    /// The tensor of a stored level served under its source's id (`<id>.<level>`), when
+    /// `id` names one; resolving the source first (so a changed file is reopened and its
+    /// levels made again).
+    fn resolve_level(&self, id: &str) -> Option<Result<Arc<Tensor>, LookupError>> {
+        let (parent_id, level) = id.rsplit_once('.')?;
+        if !self.registry.read().knows(parent_id) {
+            return None;
+        }
+        let parent = match self.resolve(parent_id) {
+            Ok(parent) => parent,
+            Err(err) => return Some(Err(err)),
+        };
+        let source = parent.source.level(level)?;
+        let mut levels = self.levels.lock();
+        if let Some(held) = levels.get(id)
+            && Arc::ptr_eq(&held.source, &source)
+        {
+            return Some(Ok(held.clone()));
+        }
+        let tensor = match level_tensor(&parent, id, source, &self.open_options) {
+            Ok(tensor) => Arc::new(tensor),
+            Err(why) => return Some(Err(LookupError::Unavailable(why))),
+        };
+        levels.insert(id.to_string(), tensor.clone());
+        Some(Ok(tensor))
     }
 
     /// A refused source: opened again when its file changed since it was refused (fixed or

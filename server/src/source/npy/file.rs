@@ -343,7 +343,10 @@ fn read_prefix(file: &File, path: &Path, len: u64) -> Result<Vec<u8>, NpyError> 
 /// How much longer to wait when the file's mtime or ctime is within `window` of now;
 /// `None` once both are older. Timestamps more than a window in the future (a clock set
 /// back, a copied file) cannot be judged by age and count as old.
-fn touched_within(meta: &Metadata, window: std::time::Duration) -> Option<std::time::Duration> {
+pub(crate) fn touched_within(
+    meta: &Metadata,
+    window: std::time::Duration,
+) -> Option<std::time::Duration> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
@@ -360,7 +363,7 @@ fn touched_within(meta: &Metadata, window: std::time::Duration) -> Option<std::t
 }
 
 /// [`open_regular`], then judged by `place` before anything is read.
-fn open_placed(path: &Path, place: Option<&Placement>) -> Result<File, NpyError> {
+pub(crate) fn open_placed(path: &Path, place: Option<&Placement>) -> Result<File, NpyError> {
     let file = open_regular(path)?;
     if let Some(place) = place {
         place(&file).map_err(|reason| NpyError::Outside {
