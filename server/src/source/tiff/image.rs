@@ -135,7 +135,7 @@ impl TiffImage {
                 match self.decode_job(&file, job) {
                     Ok((bytes, first_row)) => {
                         let mut guard = out.lock();
-                        jobs.copy(&self.pages[job.page], job, &bytes, first_row, &mut **guard);
+                        jobs.copy(&self.pages[job.page], job, &bytes, first_row, &mut guard);
                     }
                     Err(err) => {
                         failed.lock().get_or_insert(err);
@@ -149,7 +149,7 @@ impl TiffImage {
         } else {
             std::thread::scope(|scope| {
                 for _ in 0..threads {
-                    scope.spawn(&work);
+                    scope.spawn(work);
                 }
             });
         }
