@@ -80,6 +80,8 @@ pub struct Snapshot {
     /// Annotations stored when the snapshot was taken.
     rois_rows: u64,
     uploads: Vec<UploadRow>,
+    /// The server keeps uploads, so the `scratch` source is served even while empty.
+    scratch: bool,
 }
 
 /// One stored annotation: its tensor, its id and its record.
@@ -89,6 +91,12 @@ impl Snapshot {
     /// Adds the READY uploads.
     pub fn with_uploads(mut self, uploads: Vec<UploadRow>) -> Snapshot {
         self.uploads = uploads;
+        self
+    }
+
+    /// Shows the `scratch` source even with no upload on it (a writable server serves it).
+    pub fn with_scratch(mut self, served: bool) -> Snapshot {
+        self.scratch = served;
         self
     }
 
@@ -126,6 +134,7 @@ impl Snapshot {
             rois: None,
             rois_rows: 0,
             uploads: Vec::new(),
+            scratch: false,
         }
     }
 
@@ -150,6 +159,7 @@ impl Snapshot {
             rois: None,
             rois_rows: 0,
             uploads: Vec::new(),
+            scratch: false,
         }
     }
 
@@ -347,10 +357,11 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
         .collect();
     let scratch_served = rows.iter().any(|r| r.source_id == SCRATCH_SOURCE_ID);
     if !scratch_served
-        && snapshot
-            .uploads
-            .iter()
-            .any(|u| u.source_id == SCRATCH_SOURCE_ID)
+        && (snapshot.scratch
+            || snapshot
+                .uploads
+                .iter()
+                .any(|u| u.source_id == SCRATCH_SOURCE_ID))
     {
         rows.push(SourceRow {
             source_id: SCRATCH_SOURCE_ID,
@@ -562,6 +573,7 @@ mod tests {
                 origin: Default::default(),
             }],
             uploads: Vec::new(),
+            scratch: false,
         };
         let batch = sources_batch(&snapshot).unwrap();
         assert_eq!(batch.num_rows(), 1);
