@@ -454,9 +454,9 @@ impl Uploads {
     /// the storage of discarded and orphaned uploads, discards what expired while the
     /// server was down, and starts the sweep. Uploads whose requested chunk shape cannot
     /// be used are cut on grids of about `target_chunk_bytes`; uploads to `scratch` live
-    /// at most `scratch_max_ttl` (`upload_max_ttl`, `None` for no cap); `limits` bound their number, their
-    /// open stores, their grids and the bytes of chunks being received. One thread sweeps
-    /// and maintains every upload's store.
+    /// at most `scratch_max_ttl` (`upload_max_ttl`, `None` for no cap); `limits` bound
+    /// their number, their open stores, their grids and the bytes of chunks being received.
+    /// One thread sweeps and maintains every upload's store.
     pub fn open(
         dir: &Path,
         target_chunk_bytes: u64,
