@@ -38,12 +38,10 @@ fn client_hint(err: &ClientError) -> Option<String> {
         ClientError::TlsNeedsCa { .. } => {
             Some("pass it with --tls-ca FILE (or TESSERA_TLS_CA=FILE)".to_string())
         }
-        ClientError::Connect { location, .. } if location.starts_with("grpc://") => Some(
-            format!(
-                "if that server uses TLS, use {} (with --tls-ca FILE)",
-                location.replacen("grpc://", "grpcs://", 1)
-            ),
-        ),
+        ClientError::Connect { location, .. } if location.starts_with("grpc://") => Some(format!(
+            "if that server uses TLS, use {} (with --tls-ca FILE)",
+            location.replacen("grpc://", "grpcs://", 1)
+        )),
         _ if err.wants_token() => {
             Some("pass the token with --token TOKEN (or TESSERA_TOKEN=TOKEN)".to_string())
         }

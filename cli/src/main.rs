@@ -320,7 +320,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let mut unwritable = false;
             for (key, dir, needed) in [
-                ("state_dir", &settings.writes.state_dir, settings.writes.writable),
+                (
+                    "state_dir",
+                    &settings.writes.state_dir,
+                    settings.writes.writable,
+                ),
                 ("[cache] dir", &settings.cache.dir, false),
             ] {
                 if let Err(why) = writable::check(dir) {
@@ -345,7 +349,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tessera_server::config::effective::render(&settings)
             );
             if unwritable {
-                anyhow::bail!("{} names a directory this user cannot write", file.display());
+                anyhow::bail!(
+                    "{} names a directory this user cannot write",
+                    file.display()
+                );
             }
         }
     }

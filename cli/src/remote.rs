@@ -289,7 +289,9 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
                 // The byte budget bounds the entries; "no limit" beside it read as a contradiction.
                 format!("{} (bounded by the size limit)", s.total_entries)
             } else {
-                of_budget(s.total_entries.to_string(), s.max_entries, |n| n.to_string())
+                of_budget(s.total_entries.to_string(), s.max_entries, |n| {
+                    n.to_string()
+                })
             }
         ),
         format!(

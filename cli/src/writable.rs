@@ -33,7 +33,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         check(dir.path()).unwrap();
         check(&dir.path().join("a/b/c")).unwrap();
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the probe is removed");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "the probe is removed"
+        );
     }
 
     #[test]

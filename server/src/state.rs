@@ -310,7 +310,7 @@ impl ServiceState {
         self.sources.refresh_changed();
         catalog::Snapshot::of(&self.sources.read())
             .with_uploads(self.upload_rows())
-            .with_scratch(self.uploads.is_some())
+            .with_scratch(self.writable() && self.uploads.is_some())
     }
 
     /// Runs a catalog SQL query over the current registry (and the annotation store, which

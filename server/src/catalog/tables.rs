@@ -80,8 +80,8 @@ pub struct Snapshot {
     /// Annotations stored when the snapshot was taken.
     rois_rows: u64,
     uploads: Vec<UploadRow>,
-    /// The server keeps uploads (its state directory is open), so the `scratch` source is
-    /// served even while empty, as biopb's is, on a read-only server too.
+    /// The server takes uploads (`--writable`), so the `scratch` source is listed even
+    /// while empty, as biopb's is.
     scratch: bool,
 }
 
@@ -95,7 +95,7 @@ impl Snapshot {
         self
     }
 
-    /// Shows the `scratch` source even with no upload on it (a server keeping uploads).
+    /// Lists the `scratch` source even with no upload on it (a writable server).
     pub fn with_scratch(mut self, served: bool) -> Snapshot {
         self.scratch = served;
         self

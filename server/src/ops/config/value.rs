@@ -108,7 +108,9 @@ impl FromStr for Duration {
 /// `0.0ms`), which [`parse_duration`] refuses as a duration.
 fn is_zero_duration(text: &str) -> bool {
     let text = text.trim();
-    let number = text.trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim();
+    let number = text
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .trim();
     let unit = text[number.len()..].trim();
     matches!(unit, "" | "s" | "ms" | "m" | "min" | "h")
         && number.parse::<f64>().is_ok_and(|n| n == 0.0)
@@ -298,7 +300,10 @@ mod tests {
 
     #[test]
     fn a_cap_is_a_duration_or_zero_for_none() {
-        assert_eq!("24h".parse::<Cap>().unwrap().get(), Some(std::time::Duration::from_secs(86_400)));
+        assert_eq!(
+            "24h".parse::<Cap>().unwrap().get(),
+            Some(std::time::Duration::from_secs(86_400))
+        );
         for off in ["0", "0s", "0h"] {
             let cap: Cap = off.parse().unwrap();
             assert_eq!(cap.get(), None, "{off}");

@@ -199,16 +199,8 @@ pub async fn put(
         incoming.extend(rows::from_batch(&batch).map_err(RequestError::from)?);
     }
     let asked = cmd.array_id.clone();
-    let result = blocking(move || {
-        rois.put(
-            &filed,
-            &asked,
-            &source_url,
-            incoming,
-            cmd.check_rev,
-        )
-    })
-    .await?;
+    let result =
+        blocking(move || rois.put(&filed, &asked, &source_url, incoming, cmd.check_rev)).await?;
     tracing::debug!(
         array_id = cmd.array_id,
         stored = result.stored.len(),
