@@ -28,11 +28,22 @@ pub fn one_line(err: &anyhow::Error) -> String {
     line
 }
 
-/// What to do about a client failure, when the message alone does not say.
+/// What to do about a client failure, when the message alone does not say: the flags and
+/// environment variables of these commands, never the Rust calls behind them.
 fn client_hint(err: &ClientError) -> Option<String> {
     match err {
         ClientError::NoSuchTensor { location, .. } => {
             Some(format!("`tessera ls {location}` lists them"))
+        }
+        ClientError::TlsNeedsCa { .. } => {
+            Some("pass it with --tls-ca FILE (or TESSERA_TLS_CA=FILE)".to_string())
+        }
+        ClientError::Connect { location, .. } if location.starts_with("grpc://") => Some(format!(
+            "if that server uses TLS, use {} (with --tls-ca FILE)",
+            location.replacen("grpc://", "grpcs://", 1)
+        )),
+        _ if err.wants_token() => {
+            Some("pass the token with --token TOKEN (or TESSERA_TOKEN=TOKEN)".to_string())
         }
         _ => None,
     }

@@ -1,6 +1,6 @@
 //! The commands of the `tessera` binary that talk to a running server, written on
 //! [`tessera_client::Client`]: `get`, `ls` and `stats` ([`remote`]), `warm` ([`warm`]) and
-//! `put` ([`put`]).
+//! `put` ([`put`]); [`writable`] is `config check`'s test of the directories it names.
 //! `tessera serve` runs [`tessera_server::Daemon`]; `main.rs` only parses flags.
 
 pub mod errors;
@@ -8,3 +8,4 @@ mod progress;
 pub mod put;
 pub mod remote;
 pub mod warm;
+pub mod writable;

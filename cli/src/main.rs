@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
-use tessera_cli::{errors, put, warm};
+use tessera_cli::{errors, put, warm, writable};
 use tessera_server::Daemon;
 use tessera_server::config::{LogFormat, ServeArgs, Settings};
 use tracing_subscriber::EnvFilter;
@@ -30,8 +30,9 @@ struct Cli {
 enum Command {
     /// Serve .npy files, Zarr/OME-Zarr stores and directories of them until SIGTERM or Ctrl-C.
     ///
-    /// Example: `tessera serve samples/` then, from Python,
-    /// `biopb.tensor.TensorFlightClient("grpc://127.0.0.1:8815").get_array("zstack")`.
+    /// Example (the README's): `tessera serve samples` then, from Python,
+    /// `TensorFlightClient("grpc://127.0.0.1:8815").get_tensor("zstack")`. "Basics" below
+    /// are the options a first server needs; the other headings are tuning.
     Serve(Box<ServeArgs>),
     /// Read a tensor (or a region of it) into a .npy file numpy reads back exactly.
     ///
@@ -133,8 +134,9 @@ struct GetArgs {
     /// is 1-D), a slice whose stop is before its start is an empty axis.
     #[arg(long, allow_hyphen_values = true, value_name = "REGION")]
     region: Option<String>,
-    /// Output .npy path.
-    #[arg(short, long)]
+    /// Output .npy path; `-` writes the .npy to standard output (the summary then goes to
+    /// stderr).
+    #[arg(short, long, allow_hyphen_values = true)]
     output: std::path::PathBuf,
     /// Never map segment files; fetch every chunk over the socket.
     #[arg(long)]
@@ -259,12 +261,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     factors,
                     method: args.method.unwrap_or_default(),
                 }),
-                &args.output,
+                output_path(&args.output),
                 args.no_mmap,
                 args.remote.credentials(),
             )
             .await?;
-            println!("{summary}");
+            if args.output.as_os_str() == "-" {
+                // Standard output holds the array; the summary goes beside it, on stderr.
+                eprintln!("{summary}");
+            } else {
+                println!("{summary}");
+            }
         }
         Command::Put(args) => {
             let summary = put::put(
@@ -311,12 +318,52 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             for path in settings.served_paths.iter().filter(|p| !p.exists()) {
                 eprintln!("warning: source {} does not exist (yet)", path.display());
             }
+            let mut unwritable = false;
+            for (key, dir, needed) in [
+                (
+                    "state_dir",
+                    &settings.writes.state_dir,
+                    settings.writes.writable,
+                ),
+                ("[cache] dir", &settings.cache.dir, false),
+            ] {
+                if let Err(why) = writable::check(dir) {
+                    let consequence = if needed {
+                        unwritable = true;
+                        "a --writable server would not start"
+                    } else if key == "state_dir" {
+                        "the server would keep no annotations"
+                    } else {
+                        "the server would cache in RAM only"
+                    };
+                    eprintln!(
+                        "{}: {key} {} is not writable by this user ({why}): {consequence}",
+                        if needed { "error" } else { "warning" },
+                        dir.display()
+                    );
+                }
+            }
             print!(
                 "# effective configuration of {}\n{}",
                 file.display(),
                 tessera_server::config::effective::render(&settings)
             );
+            if unwritable {
+                anyhow::bail!(
+                    "{} names a directory this user cannot write",
+                    file.display()
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// Where `tessera get -o OUT` writes: `-` is standard output.
+fn output_path(out: &std::path::Path) -> &std::path::Path {
+    if out.as_os_str() == "-" {
+        std::path::Path::new("/dev/stdout")
+    } else {
+        out
+    }
 }

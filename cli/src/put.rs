@@ -35,10 +35,10 @@ impl std::fmt::Display for PutSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "uploaded '{}': {} in {} chunks, READY",
+            "uploaded '{}': {} in {}, READY",
             self.array_id,
             human_bytes(self.bytes),
-            self.chunks
+            crate::remote::count(self.chunks as u64, "chunk")
         )
     }
 }

@@ -218,7 +218,12 @@ fn format_refused(refused: &[RefusedSource]) -> String {
             .source_url
             .strip_prefix("file://")
             .unwrap_or(&file.source_url);
-        let _ = writeln!(out, "  {}  {path}: {}", file.source_id, file.reason);
+        // Most reasons name the file already: the path is printed once.
+        if file.reason.contains(path) {
+            let _ = writeln!(out, "  {}  {}", file.source_id, file.reason);
+        } else {
+            let _ = writeln!(out, "  {}  {path}: {}", file.source_id, file.reason);
+        }
     }
     out
 }
@@ -280,8 +285,14 @@ fn format_stats(location: &str, s: &CacheStats) -> String {
         format!("  backend:            {backend}"),
         format!(
             "  entries:            {}",
-            of_budget(s.total_entries.to_string(), s.max_entries, |n| n
-                .to_string())
+            if s.max_entries == 0 && s.max_bytes > 0 {
+                // The byte budget bounds the entries; "no limit" beside it read as a contradiction.
+                format!("{} (bounded by the size limit)", s.total_entries)
+            } else {
+                of_budget(s.total_entries.to_string(), s.max_entries, |n| {
+                    n.to_string()
+                })
+            }
         ),
         format!(
             "  size:               {}",
@@ -344,7 +355,7 @@ fn of_budget(used: String, max: u64, show: impl Fn(u64) -> String) -> String {
 }
 
 /// `1 chunk`, `2 chunks`, `0 chunks`.
-fn count(n: u64, noun: &str) -> String {
+pub(crate) fn count(n: u64, noun: &str) -> String {
     if n == 1 {
         format!("1 {noun}")
     } else {
@@ -413,6 +424,12 @@ mod tests {
             refused,
             "\nrefused (1 file, not served):\n  bad  /d/bad.npy: not an .npy file\n"
         );
+        let named = format_refused(&[RefusedSource {
+            source_id: "bad".into(),
+            source_url: "file:///d/bad.npy".into(),
+            reason: "/d/bad.npy: header is not a dict".into(),
+        }]);
+        assert_eq!(named.matches("/d/bad.npy").count(), 1, "{named}");
     }
 
     #[test]
@@ -451,6 +468,15 @@ mod tests {
         };
         let text = format_stats("grpc://h:1", &unbounded);
         assert!(text.contains("entries:            12 (no limit)"), "{text}");
+        let by_size = CacheStats {
+            max_entries: 0,
+            ..stats.clone()
+        };
+        let text = format_stats("grpc://h:1", &by_size);
+        assert!(
+            text.contains("entries:            12 (bounded by the size limit)"),
+            "{text}"
+        );
         assert!(
             text.contains("size:               3.0 MiB (no limit)"),
             "{text}"

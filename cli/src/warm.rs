@@ -12,7 +12,7 @@ use tessera_client::{ChunkLocateReply, Client, ClientError, Plan, PlannedChunk};
 use tessera_proto::units::human_bytes;
 
 use crate::progress::Progress;
-use crate::remote::{Credentials, options};
+use crate::remote::{Credentials, count, options};
 
 /// Chunks warmed concurrently.
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -20,8 +20,10 @@ pub const DEFAULT_CONCURRENCY: usize = 4;
 /// Why warming failed.
 #[derive(Debug, thiserror::Error)]
 pub enum WarmError {
-    /// The server could not be reached, or refused a call.
-    #[error(transparent)]
+    /// The server could not be reached, or refused a call. Not `transparent`: the error
+    /// chain must reach the `ClientError` itself, whose message and hint are worded for
+    /// users (`errors::one_line`), as `tessera get`'s are.
+    #[error("{0}")]
     Client(#[from] ClientError),
     /// A chunk could not be warmed.
     #[error("cannot warm a chunk of '{array_id}': {source}")]
@@ -57,10 +59,10 @@ impl std::fmt::Display for WarmSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "warmed {} chunks ({}) of {} arrays in {:.2} s: {} in the file cache",
-            self.chunks,
+            "warmed {} ({}) of {} in {:.2} s: {} in the file cache",
+            count(self.chunks, "chunk"),
             human_bytes(self.bytes),
-            self.arrays,
+            count(self.arrays as u64, "array"),
             self.seconds,
             self.located
         )?;
@@ -180,7 +182,7 @@ mod tests {
         };
         assert_eq!(
             s.to_string(),
-            "warmed 2 chunks (2.0 KiB) of 1 arrays in 0.50 s: 1 in the file cache, 1 fetched over do_get (memory cache)"
+            "warmed 2 chunks (2.0 KiB) of 1 array in 0.50 s: 1 in the file cache, 1 fetched over do_get (memory cache)"
         );
     }
 }

@@ -16,8 +16,8 @@ pub enum ClientError {
     },
     /// A TLS location without a CA certificate to check the server against.
     #[error(
-        "location '{location}' uses TLS: give the server's CA certificate (PEM), e.g. \
-         `--tls-ca FILE` or ClientOptions::with_tls_ca_pem"
+        "location '{location}' uses TLS: give the server's CA certificate (PEM) to check \
+         it against"
     )]
     TlsNeedsCa {
         /// The location as given.
@@ -184,7 +184,7 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
 fn auth_hint(status: &tonic::Status) -> &'static str {
     match status.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
-            " (the server wants a token: pass it with --token or ClientOptions::with_token)"
+            " (the server wants a token)"
         }
         tonic::Code::Unavailable => " (is the server running and reachable at that address?)",
         _ => "",
@@ -222,6 +222,16 @@ impl ClientError {
         } else {
             Self::rpc(format!("GetFlightInfo of '{array_id}'"), status)
         }
+    }
+
+    /// Whether the server refused the call for a missing or wrong token.
+    pub fn wants_token(&self) -> bool {
+        self.status().is_some_and(|status| {
+            matches!(
+                status.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            )
+        })
     }
 
     /// The gRPC status inside an [`ClientError::Rpc`], if that is what this is.

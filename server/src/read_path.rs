@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::source::registry::Tensor;
 use crate::source::sources::{LookupError, Sources};
 use crate::source::{HeldLocation, SourceError};
-use crate::uploads::{UploadError, Uploads, is_upload_id};
+use crate::uploads::{SCRATCH_SOURCE_ID, UploadError, Uploads, is_upload_id};
 
 /// The request path over the service's collaborators (built by
 /// [`ServiceState::read_path`](crate::state::ServiceState::read_path); cheap).
@@ -72,10 +72,27 @@ impl<'a> ReadPath<'a> {
     }
 
     fn tensor_for(&self, array_id: &str, asker: Asker) -> ServiceResult<Arc<Tensor>> {
-        if !is_upload_id(array_id) {
-            return Ok(self.sources.resolve(array_id)?);
-        }
         let unknown = || ServiceError::from(LookupError::UnknownSource(array_id.to_string()));
+        if !is_upload_id(array_id) {
+            return match self.sources.resolve(array_id) {
+                // The scratch source is served wherever uploads are kept, before any upload;
+                // its default tensor is its first READY upload.
+                Err(LookupError::UnknownSource(_)) if array_id == SCRATCH_SOURCE_ID => {
+                    let uploads = self.uploads.ok_or_else(unknown)?;
+                    let prefix = format!("{SCRATCH_SOURCE_ID}/");
+                    uploads
+                        .ready()
+                        .into_iter()
+                        .filter(|u| u.array_id().starts_with(&prefix))
+                        .min_by_key(|u| u.array_id())
+                        .map(|u| Arc::new(u.tensor()))
+                        .ok_or_else(|| {
+                            LookupError::NoTensorsYet(SCRATCH_SOURCE_ID.to_string()).into()
+                        })
+                }
+                resolved => Ok(resolved?),
+            };
+        }
         let uploads = self.uploads.ok_or_else(unknown)?;
         match (uploads.get(array_id), asker) {
             (Some(upload), _) => Ok(Arc::new(upload.tensor())),

@@ -331,7 +331,9 @@ impl ServiceState {
     /// whose file changed on disk (one `stat` per source).
     pub fn catalog_snapshot(&self) -> catalog::Snapshot {
         self.sources.refresh_changed();
-        catalog::Snapshot::of(&self.sources.read()).with_uploads(self.upload_rows())
+        catalog::Snapshot::of(&self.sources.read())
+            .with_uploads(self.upload_rows())
+            .with_scratch(self.writable() && self.uploads.is_some())
     }
 
     /// Runs a catalog SQL query over the current registry (and the annotation store, which

@@ -64,7 +64,12 @@ def test_get_source_metadata_returns_the_addressed_row(start_server, fixture_dir
 
 
 def test_open_ended_slice_uses_the_catalog_and_is_bit_exact(start_server, fixture_dir, arrays):
-    server = start_server(fixture_dir, extra=("--chunk-target", "6KiB"))
+    # Catalog queries are logged at debug (every client lookup would flood info).
+    server = start_server(
+        fixture_dir,
+        extra=("--chunk-target", "6KiB"),
+        env={"RUST_LOG": "info,tessera_server::catalog=debug"},
+    )
     client = TensorFlightClient(server.location, cache_bytes=0)
     expected = arrays["u16_stack"]
     sl = (slice(2, None), slice(None), slice(10, None))

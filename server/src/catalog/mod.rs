@@ -204,7 +204,9 @@ impl Catalog {
             .await
             .map_err(|_elapsed| CatalogError::TimedOut(self.limits.timeout))?
             .map_err(|_dropped| WorkerError::Stopped)??;
-        tracing::info!(
+        // Debug, not info: clients (the biopb client's own lookups included) query the
+        // catalog on every `ls` and describe, which would flood an operator's log.
+        tracing::debug!(
             sql,
             returned_rows = answer.returned_rows,
             truncated = answer.truncated,

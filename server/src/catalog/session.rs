@@ -3,7 +3,8 @@
 //! Locked down by construction rather than by filtering SQL text:
 //! * no table functions (`read_parquet`, `read_csv`, `generate_series`, …), no file
 //!   formats, no table factories (so no `CREATE EXTERNAL TABLE` target), no URL
-//!   tables (`SELECT * FROM '/etc/passwd'`), no `information_schema`;
+//!   tables (`SELECT * FROM '/etc/passwd'`); `information_schema` describes the catalog's
+//!   own tables (`SHOW TABLES`, `SHOW COLUMNS FROM tensors`, docs/decisions/0002);
 //! * an object store registry that holds no store and refuses every URL, so even a
 //!   path we did not think of cannot reach a file system;
 //! * no disk manager (nothing spills to temporary files) and a shared memory pool;
@@ -59,7 +60,7 @@ pub fn sql_options() -> SQLOptions {
 pub fn context(runtime: &Arc<RuntimeEnv>, snapshot: &Snapshot) -> Result<SessionContext> {
     let mut config = SessionConfig::new()
         .with_target_partitions(1)
-        .with_information_schema(false);
+        .with_information_schema(true);
     let options = config.options_mut();
     // The reference server runs DuckDB and its clients write DuckDB SQL.
     options.sql_parser.dialect = Dialect::DuckDB;

@@ -80,6 +80,9 @@ pub struct Snapshot {
     /// Annotations stored when the snapshot was taken.
     rois_rows: u64,
     uploads: Vec<UploadRow>,
+    /// The server takes uploads (`--writable`), so the `scratch` source is listed even
+    /// while empty, as biopb's is.
+    scratch: bool,
 }
 
 /// One stored annotation: its tensor, its id and its record.
@@ -89,6 +92,12 @@ impl Snapshot {
     /// Adds the READY uploads.
     pub fn with_uploads(mut self, uploads: Vec<UploadRow>) -> Snapshot {
         self.uploads = uploads;
+        self
+    }
+
+    /// Lists the `scratch` source even with no upload on it (a writable server).
+    pub fn with_scratch(mut self, served: bool) -> Snapshot {
+        self.scratch = served;
         self
     }
 
@@ -126,6 +135,7 @@ impl Snapshot {
             rois: None,
             rois_rows: 0,
             uploads: Vec::new(),
+            scratch: false,
         }
     }
 
@@ -150,6 +160,7 @@ impl Snapshot {
             rois: None,
             rois_rows: 0,
             uploads: Vec::new(),
+            scratch: false,
         }
     }
 
@@ -347,10 +358,11 @@ pub fn sources_batch(snapshot: &Snapshot) -> Result<RecordBatch, ArrowError> {
         .collect();
     let scratch_served = rows.iter().any(|r| r.source_id == SCRATCH_SOURCE_ID);
     if !scratch_served
-        && snapshot
-            .uploads
-            .iter()
-            .any(|u| u.source_id == SCRATCH_SOURCE_ID)
+        && (snapshot.scratch
+            || snapshot
+                .uploads
+                .iter()
+                .any(|u| u.source_id == SCRATCH_SOURCE_ID))
     {
         rows.push(SourceRow {
             source_id: SCRATCH_SOURCE_ID,
@@ -562,6 +574,7 @@ mod tests {
                 origin: Default::default(),
             }],
             uploads: Vec::new(),
+            scratch: false,
         };
         let batch = sources_batch(&snapshot).unwrap();
         assert_eq!(batch.num_rows(), 1);

@@ -297,6 +297,7 @@ impl ServiceError {
             Self::Lookup(err) => match err {
                 LookupError::UnknownSource(_) => not_found("unknown_source"),
                 LookupError::UnknownField { .. } => not_found("unknown_field"),
+                LookupError::NoTensorsYet(_) => not_found("no_tensors"),
                 LookupError::Refused(_) => bad_request(),
                 LookupError::Unavailable(_) => UNAVAILABLE,
             },
@@ -386,6 +387,7 @@ impl ServiceError {
             Self::Lookup(
                 LookupError::UnknownSource(_)
                 | LookupError::UnknownField { .. }
+                | LookupError::NoTensorsYet(_)
                 | LookupError::Refused(_),
             )
             | Self::Request(_)

@@ -28,6 +28,12 @@ pub enum Unavailable {
 /// Why a server keeps no ROI annotations (found when it starts).
 #[derive(Debug, thiserror::Error)]
 pub enum NoAnnotations {
+    /// The operator turned annotations off.
+    #[error(
+        "annotations are turned off on this server (--annotations=false, \
+         TESSERA_ANNOTATIONS=false or annotations = false in its config file)"
+    )]
+    Off,
     /// The server was made without a state directory (no daemon opened one).
     #[error("this server has no state directory to keep annotations in")]
     NoStateDir,

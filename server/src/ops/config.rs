@@ -38,8 +38,8 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// room for a new one when every slot is taken.
 pub const DEFAULT_RECLAIM_IDLE_AFTER: Duration = Duration::from_secs(5);
 
-/// Default longest lifetime of an upload to the scratch source: 7 days.
-pub const DEFAULT_UPLOAD_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default longest lifetime of an upload to the scratch source: one day, as biopb's.
+pub const DEFAULT_UPLOAD_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default memory the annotation database may keep as its page cache.
 pub const DEFAULT_ANNOTATION_CACHE_BYTES: u64 = crate::rois::db::DEFAULT_CACHE_BYTES as u64;
 

@@ -421,6 +421,10 @@ fn open_annotations(
     writes: &WritesValues,
     state_dir: Option<&StateDir>,
 ) -> Result<Arc<Annotations>, Arc<NoAnnotations>> {
+    if !writes.annotations {
+        tracing::info!("ROI annotations turned off (--annotations=false)");
+        return Err(Arc::new(NoAnnotations::Off));
+    }
     let Some(dir) = state_dir else {
         return Err(Arc::new(NoAnnotations::StateDirHeld {
             dir: writes.state_dir.clone(),

@@ -259,10 +259,13 @@ pub fn check_array_id_len(array_id: &str) -> Result<(), LookupError> {
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum LookupError {
     /// No source has this id.
-    #[error("unknown array id '{0}': no such source")]
+    #[error("unknown array id '{0}': no such source (Source not found: it names no known source)")]
     UnknownSource(String),
     /// The source exists but the field after `/` does not.
-    #[error("unknown array id '{array_id}': source '{source_id}' has no tensor '{field}'")]
+    #[error(
+        "unknown array id '{array_id}': source '{source_id}' has no tensor '{field}' (no field \
+         '{field}')"
+    )]
     UnknownField {
         /// The id as requested.
         array_id: String,
@@ -271,6 +274,12 @@ pub enum LookupError {
         /// The field part of the id.
         field: String,
     },
+    /// A source served with no tensor yet (the `scratch` source before its first upload).
+    #[error(
+        "source '{0}' has no tensors yet: its tensors are uploads, named '{0}/@fields/NAME' \
+         once added (add_tensor)"
+    )]
+    NoTensorsYet(String),
     /// The source cannot be read now (it changed and broke, or is being written).
     #[error("{0}")]
     Unavailable(String),

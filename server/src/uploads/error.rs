@@ -18,8 +18,8 @@ pub enum UploadError {
     },
     /// `add_tensor` of a name already taken (at any state, a discarded one until it frees).
     #[error(
-        "add_tensor: '{array_id}' is already taken (it is {}); choose another name, or \
-         discard it and wait for its name to free",
+        "add_tensor: '{array_id}' is already taken (it already exists as a {} upload); choose \
+         another name, or discard it and wait for its name to free",
         state.name()
     )]
     Taken {
@@ -64,7 +64,16 @@ pub enum UploadError {
         detail: String,
     },
     /// A move down the ladder.
-    #[error("set_upload_status: '{array_id}' is {} and cannot move back to {}", from.name(), to.name())]
+    #[error(
+        "set_upload_status: '{array_id}' is {} and cannot move back to {}{}",
+        from.name(),
+        to.name(),
+        if *to == State::Pending {
+            " (PENDING is not a state an upload is moved to: every upload starts there)"
+        } else {
+            ""
+        }
+    )]
     Backwards {
         /// The upload.
         array_id: String,
@@ -78,7 +87,7 @@ pub enum UploadError {
         "upload '{array_id}' is {} and not readable{}",
         state.name(),
         if *state == State::Pending {
-            ": set it READY with set_upload_status first".to_string()
+            " yet: set it READY with set_upload_status first".to_string()
         } else if detail.is_empty() {
             String::new()
         } else {

@@ -67,7 +67,8 @@ pub fn parse_new(id: &str) -> Result<NewId, String> {
         "zarr" => StoreFormat::Zarr,
         _ => {
             return Err(format!(
-                "'{id}': the store format '{scheme}://' is not available; {grammar}"
+                "'{id}': the store format '{scheme}://' is not available ('{scheme}' is not a \
+                 store format); {grammar}"
             ));
         }
     };
@@ -128,13 +129,36 @@ fn check_name(id: &str, name: &str) -> Result<(), String> {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-    if name_ok {
-        return Ok(());
+    if !name_ok {
+        return Err(format!(
+            "'{id}': a tensor name is 1 to {MAX_NAME_BYTES} characters of letters, digits, \
+             '.', '_' and '-'"
+        ));
     }
-    Err(format!(
-        "'{id}': a tensor name is 1 to {MAX_NAME_BYTES} characters of letters, digits, \
-         '.', '_' and '-'"
-    ))
+    if name.starts_with('.') {
+        return Err(format!(
+            "'{id}': a tensor name may not start with '.' (a hidden file where it is stored)"
+        ));
+    }
+    let stem = name.split('.').next().unwrap_or_default();
+    if is_device_name(stem) {
+        return Err(format!(
+            "'{id}': '{stem}' is a device name Windows refuses as a file name, whatever the \
+             extension; choose another name"
+        ));
+    }
+    Ok(())
+}
+
+/// `CON`, `PRN`, `AUX`, `NUL`, `COM1`-`COM9`, `LPT1`-`LPT9` in any case: names Windows
+/// keeps for devices, so a store named so could not be copied there (biopb refuses them).
+fn is_device_name(stem: &str) -> bool {
+    let upper = stem.to_ascii_uppercase();
+    matches!(upper.as_str(), "CON" | "PRN" | "AUX" | "NUL")
+        || ((upper.starts_with("COM") || upper.starts_with("LPT"))
+            && upper.len() == 4
+            && upper.as_bytes()[3].is_ascii_digit()
+            && upper.as_bytes()[3] != b'0')
 }
 
 #[cfg(test)]
@@ -177,5 +201,22 @@ mod tests {
         assert!(refused("cache://scratch/x").contains("names no tensor"));
         assert!(refused("cache://scratch/@fields/a/b").contains("tensor name"));
         assert!(refused("cache://scratch/@fields/..").contains("tensor name"));
+        assert!(refused("s3://img/@fields/x").contains("'s3' is not a store format"));
+    }
+
+    #[test]
+    fn names_biopb_refuses_are_refused() {
+        let refused = |id: &str| parse_new(id).err().unwrap_or_default();
+        assert!(refused("cache://scratch/@fields/.hidden").contains("may not start with '.'"));
+        for device in ["CON", "con", "Nul.v2", "COM1", "lpt9.zarr", "AUX"] {
+            let why = refused(&format!("zarr://scratch/@fields/{device}"));
+            assert!(why.contains("device name"), "{device}: {why}");
+        }
+        for fine in ["CONS", "COM0", "COM10", "nuclei.v2", "a.b"] {
+            assert!(
+                parse_new(&format!("cache://scratch/@fields/{fine}")).is_ok(),
+                "{fine}"
+            );
+        }
     }
 }

@@ -435,8 +435,9 @@ pub struct Uploads {
     table: RwLock<HashMap<String, Arc<Upload>>>,
     /// Grid target for uploads whose requested chunk shape is not usable.
     target_chunk_bytes: u64,
-    /// The longest lifetime of an upload to `scratch` (and of one there asking for none).
-    scratch_max_ttl: u32,
+    /// The longest lifetime of an upload to `scratch` (and of one there asking for none);
+    /// `None`: no cap, an upload there lives as long as it asks.
+    scratch_max_ttl: Option<u32>,
     last_uid: AtomicU64,
     /// The configured bounds.
     limits: UploadLimits,
@@ -453,13 +454,13 @@ impl Uploads {
     /// the storage of discarded and orphaned uploads, discards what expired while the
     /// server was down, and starts the sweep. Uploads whose requested chunk shape cannot
     /// be used are cut on grids of about `target_chunk_bytes`; uploads to `scratch` live
-    /// at most `scratch_max_ttl` (`upload_max_ttl`); `limits` bound their number, their
-    /// open stores, their grids and the bytes of chunks being received. One thread sweeps
-    /// and maintains every upload's store.
+    /// at most `scratch_max_ttl` (`upload_max_ttl`, `None` for no cap); `limits` bound
+    /// their number, their open stores, their grids and the bytes of chunks being received.
+    /// One thread sweeps and maintains every upload's store.
     pub fn open(
         dir: &Path,
         target_chunk_bytes: u64,
-        scratch_max_ttl: Duration,
+        scratch_max_ttl: Option<Duration>,
         limits: UploadLimits,
     ) -> Result<Arc<Uploads>, UploadError> {
         let data_root = dir.join("data");
@@ -502,9 +503,8 @@ impl Uploads {
             roots,
             table: RwLock::new(table),
             target_chunk_bytes,
-            scratch_max_ttl: u32::try_from(scratch_max_ttl.as_secs())
-                .unwrap_or(u32::MAX)
-                .max(1),
+            scratch_max_ttl: scratch_max_ttl
+                .map(|ttl| u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1)),
             last_uid: AtomicU64::new(last_uid),
             limits,
             in_flight: InFlight::new(
@@ -792,8 +792,10 @@ impl Uploads {
                      for the server's default",
                 ));
             }
-            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => Some(ttl.min(self.scratch_max_ttl)),
-            None if new.source_id == SCRATCH_SOURCE_ID => Some(self.scratch_max_ttl),
+            Some(ttl) if new.source_id == SCRATCH_SOURCE_ID => {
+                Some(self.scratch_max_ttl.map_or(ttl, |cap| ttl.min(cap)))
+            }
+            None if new.source_id == SCRATCH_SOURCE_ID => self.scratch_max_ttl,
             other => other,
         };
         let now = unix_now();
@@ -1240,7 +1242,7 @@ mod tests {
         Uploads::open(
             dir,
             1 << 20,
-            Duration::from_secs(600),
+            Some(Duration::from_secs(600)),
             UploadLimits::default(),
         )
         .unwrap()

@@ -407,7 +407,6 @@ async fn everything_but_a_catalog_query_is_refused() {
         "SELECT array_repeat(1, 10000000000)".to_string(),
         "SELECT lpad('x', 10000000000)".to_string(),
         "SELECT * FROM passwords".to_string(),
-        "SELECT * FROM information_schema.tables".to_string(),
         "SELECT 1; DROP TABLE sources".to_string(),
         "SELEC nonsense".to_string(),
     ] {

@@ -15,7 +15,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use super::value::{Duration, Reduction, Size};
+use super::value::{Cap, Duration, Reduction, Size};
 use super::{
     CacheKind, ConfigError, DEFAULT_ANNOTATION_CACHE_BYTES, DEFAULT_CACHE_MAX_BYTES,
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MEMORY_CACHE_BYTES,
@@ -91,15 +91,19 @@ macro_rules! settings_block {
     };
 }
 
+/// The heading `serve --help` shows first: the settings a first server needs, before the
+/// tuning of each block.
+const BASICS: &str = "Basics";
+
 settings_block! {
     /// The Flight listener: its address, its token and the connections it holds.
     #[command(next_help_heading = "Listener")]
     pub struct Listener => ListenerValues {
         /// Address to listen on. A non-loopback address requires a token.
-        #[arg(long, env = "TESSERA_LISTEN", value_name = "ADDR")]
+        #[arg(long, env = "TESSERA_LISTEN", value_name = "ADDR", help_heading = BASICS)]
         listen: SocketAddr = SocketAddr::from((Ipv4Addr::LOCALHOST, 8815)),
         /// Require `authorization: Bearer TOKEN` on every call (16–128 chars of [A-Za-z0-9_-]).
-        #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+        #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true, value_name = "TOKEN", help_heading = BASICS)]
         token: String,
         /// Connections held open at once; new ones beyond it are closed as they arrive
         /// [default: 512]. Keep it well under the descriptor limit (`ulimit -n`).
@@ -233,7 +237,7 @@ settings_block! {
         /// Rescan the sources every --watch-interval and serve added, changed and removed
         /// .npy files without a restart [default: true; `--watch=false` turns it off]. Given
         /// explicitly, a source path that does not exist yet is awaited instead of refused.
-        #[arg(long, env = "TESSERA_WATCH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+        #[arg(long, env = "TESSERA_WATCH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", help_heading = BASICS)]
         watch: bool = true,
         /// Time between rescans with --watch, e.g. 2s, 500ms, 1m [default: 2s].
         #[arg(long, env = "TESSERA_WATCH_INTERVAL", value_name = "DURATION")]
@@ -302,16 +306,17 @@ settings_block! {
     pub struct Writes => WritesValues {
         /// Accept uploads from clients (`add_tensor`, DoPut of chunks), kept in --state-dir;
         /// with a token, every write needs it [default: false].
-        #[arg(long, env = "TESSERA_WRITABLE", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+        #[arg(long, env = "TESSERA_WRITABLE", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", help_heading = BASICS)]
         writable: bool = false,
         /// Directory of what users write (uploads, annotations): never evicted, locked like the
         /// cache [default: $XDG_DATA_HOME/tessera or ~/.local/share/tessera].
-        #[arg(long, env = "TESSERA_STATE_DIR", value_name = "DIR")]
+        #[arg(long, env = "TESSERA_STATE_DIR", value_name = "DIR", help_heading = BASICS)]
         state_dir: PathBuf = default_state_dir(),
         /// Longest lifetime of an upload to the scratch source, and the lifetime of one that
-        /// asks for none, e.g. 168h [default: 168h].
+        /// asks for none, e.g. 24h; 0 for no cap (uploads then live as long as they ask)
+        /// [default: 24h].
         #[arg(long, env = "TESSERA_UPLOAD_MAX_TTL", value_name = "DURATION")]
-        upload_max_ttl: Duration = Duration::of(DEFAULT_UPLOAD_MAX_TTL),
+        upload_max_ttl: Cap = Cap::of(DEFAULT_UPLOAD_MAX_TTL),
         /// Most cells (chunks) of one upload's grid; add_tensor refuses a grid with more
         /// [default: 262144].
         #[arg(long, env = "TESSERA_MAX_UPLOAD_CELLS", value_name = "N")]
@@ -332,6 +337,10 @@ settings_block! {
         /// one is closed beyond it and reopened when next used [default: 64].
         #[arg(long, env = "TESSERA_UPLOAD_OPEN_STORES", value_name = "N")]
         upload_open_stores: usize = UploadLimits::default().open_stores,
+        /// Keep ROI annotations users draw, in --state-dir; with false every ROI call is
+        /// refused UNAVAILABLE and the catalog's rois table is empty [default: true].
+        #[arg(long, env = "TESSERA_ANNOTATIONS", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+        annotations: bool = true,
         /// Memory the annotation database may keep as its page cache; a SQL scan of the `rois`
         /// table reads every page through it [default: 32MiB].
         #[arg(long, env = "TESSERA_ANNOTATION_CACHE", value_name = "SIZE")]
@@ -343,9 +352,14 @@ impl WritesValues {
     /// Refuses an upload lifetime under a second, bounds that would refuse every upload and
     /// in-flight bounds over 4 TiB.
     pub fn check(&self) -> Result<(), ConfigError> {
-        if self.upload_max_ttl.get() < std::time::Duration::from_secs(1) {
+        if self
+            .upload_max_ttl
+            .get()
+            .is_some_and(|ttl| ttl < std::time::Duration::from_secs(1))
+        {
             return Err(ConfigError::Invalid(format!(
-                "upload_max_ttl '{}' is under one second: an upload needs a lifetime",
+                "upload_max_ttl '{}' is under one second: an upload needs a lifetime (0 turns \
+                 the cap off)",
                 self.upload_max_ttl
             )));
         }
@@ -448,7 +462,7 @@ settings_block! {
         #[arg(long = "cache", env = "TESSERA_CACHE", value_enum)]
         kind: CacheKind = CacheKind::File,
         /// Directory of the chunk file cache [default: $XDG_CACHE_HOME/tessera or ~/.cache/tessera].
-        #[arg(long = "cache-dir", env = "TESSERA_CACHE_DIR", value_name = "DIR")]
+        #[arg(long = "cache-dir", env = "TESSERA_CACHE_DIR", value_name = "DIR", help_heading = BASICS)]
         dir: PathBuf = default_cache_dir(),
         /// Disk budget of the file cache (segments and sidecars), e.g. 64GiB [default: 10GiB].
         #[arg(long = "cache-max-bytes", env = "TESSERA_CACHE_MAX_BYTES", value_name = "SIZE")]
@@ -635,7 +649,7 @@ mod tests {
                 "\"2h\"",
                 "\"60s\"",
                 "\"7200s\"",
-                "\"604800s\"",
+                "\"86400s\"",
             ),
             (
                 None,
@@ -717,7 +731,7 @@ mod tests {
             .try_get_matches_from(["serve", "--settle-window", "0s"])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("duration '0s' is not understood"), "{err}");
+        assert!(err.contains("duration '0s' is zero"), "{err}");
     }
 
     /// Every file key (`| \`key\` |` rows), flag and environment variable of `tessera serve`

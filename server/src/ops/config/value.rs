@@ -90,10 +90,85 @@ impl FromStr for Duration {
 
     fn from_str(text: &str) -> Result<Duration, ConfigError> {
         parse_duration(text).map(Duration).ok_or_else(|| {
+            if is_zero_duration(text) {
+                ConfigError::Invalid(format!(
+                    "duration '{text}' is zero, and this setting needs a span above zero: \
+                     use e.g. 2s, 500ms, 1m"
+                ))
+            } else {
+                ConfigError::Invalid(format!(
+                    "duration '{text}' is not understood: use e.g. 2s, 500ms, 1m"
+                ))
+            }
+        })
+    }
+}
+
+/// Whether `text` is a zero span in one of the forms durations are written in (`0`, `0s`,
+/// `0.0ms`), which [`parse_duration`] refuses as a duration.
+fn is_zero_duration(text: &str) -> bool {
+    let text = text.trim();
+    let number = text
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .trim();
+    let unit = text[number.len()..].trim();
+    matches!(unit, "" | "s" | "ms" | "m" | "min" | "h")
+        && number.parse::<f64>().is_ok_and(|n| n == 0.0)
+}
+
+/// A lifetime cap: a [`Duration`], or `0` for none (written back as `0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Cap(Option<std::time::Duration>);
+
+impl Cap {
+    /// The cap `span`.
+    pub const fn of(span: std::time::Duration) -> Cap {
+        Cap(Some(span))
+    }
+
+    /// The cap; `None` when it is off.
+    pub const fn get(self) -> Option<std::time::Duration> {
+        self.0
+    }
+}
+
+impl FromStr for Cap {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Cap, ConfigError> {
+        if is_zero_duration(text) {
+            return Ok(Cap(None));
+        }
+        parse_duration(text).map(|d| Cap(Some(d))).ok_or_else(|| {
             ConfigError::Invalid(format!(
-                "duration '{text}' is not understood: use e.g. 2s, 500ms, 1m"
+                "duration '{text}' is not understood: use e.g. 24h, 90m, or 0 for no cap"
             ))
         })
+    }
+}
+
+impl TryFrom<String> for Cap {
+    type Error = ConfigError;
+
+    fn try_from(text: String) -> Result<Cap, ConfigError> {
+        text.parse()
+    }
+}
+
+impl From<Cap> for String {
+    fn from(cap: Cap) -> String {
+        cap.to_string()
+    }
+}
+
+impl fmt::Display for Cap {
+    /// The span as a [`Duration`] is written, or `0` for no cap.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(span) => f.write_str(&format_duration(span)),
+            None => f.write_str("0"),
+        }
     }
 }
 
@@ -209,13 +284,34 @@ mod tests {
                 "{text}"
             );
         }
-        for text in ["0s", "0", "2 fortnights", "soon", ""] {
+        for text in ["2 fortnights", "soon", ""] {
             let err = text.parse::<Duration>().unwrap_err().to_string();
             assert_eq!(
                 err,
                 format!("duration '{text}' is not understood: use e.g. 2s, 500ms, 1m")
             );
         }
+        for text in ["0s", "0", "0ms", "0.0h"] {
+            let err = text.parse::<Duration>().unwrap_err().to_string();
+            assert!(err.contains(&format!("duration '{text}' is zero")), "{err}");
+            assert!(!err.contains("not understood"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_cap_is_a_duration_or_zero_for_none() {
+        assert_eq!(
+            "24h".parse::<Cap>().unwrap().get(),
+            Some(std::time::Duration::from_secs(86_400))
+        );
+        for off in ["0", "0s", "0h"] {
+            let cap: Cap = off.parse().unwrap();
+            assert_eq!(cap.get(), None, "{off}");
+            assert_eq!(cap.to_string(), "0");
+            assert_eq!(cap.to_string().parse::<Cap>().unwrap(), cap);
+        }
+        let err = "soon".parse::<Cap>().unwrap_err().to_string();
+        assert!(err.contains("or 0 for no cap"), "{err}");
     }
 
     #[test]

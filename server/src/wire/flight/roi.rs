@@ -69,6 +69,23 @@ fn filed_under(state: &ServiceState, asked: &str) -> (String, Option<Arc<Tensor>
     }
 }
 
+/// The id annotations put on `asked` are filed under, and its source's url: the served
+/// tensor's own (a source's or an upload's), else, as biopb checks only the source, the id
+/// as asked under its served source (an array id the source does not serve yet).
+fn put_target(state: &ServiceState, asked: &str) -> ServiceResult<(String, String)> {
+    let refused = match state.read_path().tensor(asked) {
+        Ok(tensor) => return Ok((tensor.array_id.clone(), tensor.source_url())),
+        Err(refused) => refused,
+    };
+    match asked.split_once('/') {
+        Some((source_id, _)) => match state.resolve(source_id) {
+            Ok(source) => Ok((asked.to_string(), source.source_url())),
+            Err(_) => Err(refused),
+        },
+        None => Err(refused),
+    }
+}
+
 /// DoGet of a `roi_read`: the rows, with `truncated` and `sets` in the schema metadata, and
 /// the bytes the reply holds until it is sent. A grant, when the ticket carries one, must be
 /// this server's seal over the tensor as served now.
@@ -176,22 +193,14 @@ pub async fn put(
 ) -> ServiceResult<BoxStream<PutResult>> {
     let rois = state.annotations()?;
     require_array_id(&cmd.array_id, "roi_put")?;
-    let tensor = state.resolve(&cmd.array_id)?;
+    let (filed, source_url) = put_target(state, &cmd.array_id)?;
     let mut incoming = Vec::new();
     for batch in batches(first, rest, rois.limits().max_rois_per_tensor).await? {
         incoming.extend(rows::from_batch(&batch).map_err(RequestError::from)?);
     }
     let asked = cmd.array_id.clone();
-    let result = blocking(move || {
-        rois.put(
-            &tensor.array_id,
-            &asked,
-            &tensor.source_url(),
-            incoming,
-            cmd.check_rev,
-        )
-    })
-    .await?;
+    let result =
+        blocking(move || rois.put(&filed, &asked, &source_url, incoming, cmd.check_rev)).await?;
     tracing::debug!(
         array_id = cmd.array_id,
         stored = result.stored.len(),
