@@ -468,6 +468,10 @@ mod tests {
         };
         let text = format_stats("grpc://h:1", &unbounded);
         assert!(text.contains("entries:            12 (no limit)"), "{text}");
+        assert!(
+            text.contains("size:               3.0 MiB (no limit)"),
+            "{text}"
+        );
         let by_size = CacheStats {
             max_entries: 0,
             ..stats.clone()
@@ -478,7 +482,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("size:               3.0 MiB (no limit)"),
+            text.contains("size:               3.0 MiB of 10.0 GiB max"),
             "{text}"
         );
         let text = format_stats("grpc://h:1", &stats);
