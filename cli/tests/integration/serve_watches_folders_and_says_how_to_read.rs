@@ -103,7 +103,7 @@ fn folder_is_watched_by_default_and_ls_shows_refusals() {
         .lines()
         .find(|l| l.starts_with("rgb "))
         .unwrap();
-    assert!(row.ends_with("y,x,c"), "{}", listing.stdout);
+    assert!(row.ends_with("y,x,s"), "{}", listing.stdout);
     assert!(!listing.stdout.contains("refused"), "{}", listing.stdout);
 
     // Copied in while serving: a good file and one that is not an .npy at all.
