@@ -324,7 +324,7 @@ mod tests {
             "{err:?}"
         );
 
-        let past = Page::from_directory(&tiled, true, 5).unwrap_err();
+        let past = Page::from_directory(&tiled, true, 0).unwrap_err();
         assert!(matches!(&past, PageError::Malformed(m) if m.contains("past the end")));
 
         let planar = dir(&[
@@ -369,6 +369,7 @@ mod tests {
         let j2k = dir(&[
             (tag::WIDTH, vec![8]),
             (tag::HEIGHT, vec![1]),
+            (tag::BITS, vec![8]),
             (tag::COMPRESSION, vec![34712]),
             (tag::STRIP_OFFSETS, vec![0]),
             (tag::STRIP_BYTES, vec![0]),
