@@ -260,18 +260,19 @@ impl TiffImage {
             (_, true) => (k + 1, k + 2, Some(k)),
         };
         let (s0, s1) = sa.map_or((0, 1), |a| (start[a], stop[a]));
+        let finish = |jobs: Vec<Job>| Jobs {
+            jobs,
+            y0: start[ya],
+            x0: start[xa],
+            s0,
+            s1,
+            sy: strides[ya],
+            sx: strides[xa],
+            ss: sa.map_or(0, |a| strides[a]),
+        };
         let mut jobs = Vec::new();
         if extent.contains(&0) {
-            return Ok(Jobs {
-                jobs,
-                y0: start[ya],
-                x0: start[xa],
-                s0,
-                s1,
-                sy: strides[ya],
-                sx: strides[xa],
-                ss: sa.map_or(0, |a| strides[a]),
-            });
+            return Ok(finish(jobs));
         }
         let sizes = &self.described.axis_sizes;
         let mut index: Vec<u64> = start[..k].to_vec();
@@ -315,16 +316,7 @@ impl TiffImage {
             let mut axis = k;
             loop {
                 if axis == 0 {
-                    return Ok(Jobs {
-                        jobs,
-                        y0: start[ya],
-                        x0: start[xa],
-                        s0,
-                        s1,
-                        sy: strides[ya],
-                        sx: strides[xa],
-                        ss: sa.map_or(0, |a| strides[a]),
-                    });
+                    return Ok(finish(jobs));
                 }
                 axis -= 1;
                 index[axis] += 1;
