@@ -57,8 +57,8 @@ def test_a_grid_of_2_to_the_40_cells_is_refused_at_add_tensor(start_server, tmp_
     assert "--max-upload-cells" in text, text
     # Nothing was added: the name is free and a bounded grid of the same tensor is taken.
     desc = client.setup_array_upload("cache://scratch/@fields/huge", template((1 << 40,), "|u1"),
-                                     chunk_shape=(64 << 20,))
-    assert desc.upload_status.expected_chunks == 16384
+                                     chunk_shape=(8 << 20,))
+    assert desc.upload_status.expected_chunks == 131072
 
 
 def many_cells_hold(server, array_id, cells):
@@ -140,21 +140,21 @@ def unfinished_put(client, ticket, batch, batches, gone, errors):
 
 
 def test_unfinished_chunk_do_puts_hold_bounded_memory_freed_when_the_client_goes(start_server, tmp_path):
-    """Eight DoPuts to 64 MiB cells of a u8 upload each send 60 MiB and stall. Before, each
-    held everything it sent (the cap was 8 bytes per element: 512 MiB per chunk), and
-    nothing bounded their number: 8 x 60 MiB. Now a chunk is capped at its cell's bytes and
-    the server holds at most --max-upload-bytes-in-flight of them (128 MiB here: one chunk);
-    the others wait for room, holding only what HTTP/2 flow control lets their connection
-    send (32 MiB). Closing the client frees everything."""
+    """Sixteen DoPuts to 12 MiB cells of a u8 upload (cells fit one DoPut message) each send
+    60 MiB and stall. Before, each held everything it sent (the cap was 8 bytes per element),
+    and nothing bounded their number: 16 x 60 MiB. Now a chunk is capped at its cell's bytes
+    and the server holds at most --max-upload-bytes-in-flight of them (16 MiB here: one
+    chunk); the others wait for room, holding only what HTTP/2 flow control lets their
+    connection send (32 MiB). Closing the client frees everything."""
     # Freed buffers are returned to the kernel at once, so RSS shows what the server holds
     # rather than what glibc keeps for reuse.
-    env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT": "128MiB"}
+    env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "TESSERA_MAX_UPLOAD_BYTES_IN_FLIGHT": "16MiB"}
     server = start_server(tmp_path, extra=WRITABLE, env=env)
     client = client_for(server)
-    desc = client.setup_array_upload("cache://scratch/@fields/stalled", template((8, 64 << 20), "|u1"),
-                                     chunk_shape=(1, 64 << 20))
+    desc = client.setup_array_upload("cache://scratch/@fields/stalled", template((16, 12 << 20), "|u1"),
+                                     chunk_shape=(1, 12 << 20))
     plan = _plan_write(client._state, desc.array_id, None)
-    assert len(plan) == 8
+    assert len(plan) == 16
     batch = pa.record_batch([pa.array(np.ones(4 << 20, dtype=np.uint8))], names=["data"])
     baseline = proc_status(server.pid, "VmRSS")
     hostile, gone, errors = flight.connect(server.location), threading.Event(), []
@@ -167,7 +167,7 @@ def test_unfinished_chunk_do_puts_hold_bounded_memory_freed_when_the_client_goes
     peak = proc_status(server.pid, "VmHWM") - baseline
     held = proc_status(server.pid, "VmRSS") - baseline
     print(f"peak RSS +{peak >> 20} MiB, held +{held >> 20} MiB")
-    assert peak < 256 << 20, f"8 unfinished DoPuts raised the server's peak RSS by {peak >> 20} MiB"
+    assert peak < 128 << 20, f"16 unfinished DoPuts raised the server's peak RSS by {peak >> 20} MiB"
     hostile.close()
     gone.set()
     for t in threads:
@@ -183,7 +183,7 @@ def test_unfinished_chunk_do_puts_hold_bounded_memory_freed_when_the_client_goes
     writer, reader = put.do_put(
         flight.FlightDescriptor.for_command(PutCommand(chunk_ticket=plan[0].ticket).SerializeToString()),
         batch.schema)
-    for _ in range(16):
+    for _ in range(3):
         writer.write_batch(batch)
     writer.done_writing()
     reader.read()

@@ -107,6 +107,20 @@ def test_whole_upload_reads_back_exactly_on_both_routes(mode, monkeypatch, start
     assert {f"scratch/@fields/{n}" for n in cases} <= listed
 
 
+def test_a_numpy_upload_over_one_put_message_is_cut_to_fit(start_server, tmp_path):
+    # The client asks for one chunk of the whole array (its default for numpy); 32 MiB is
+    # within the chunk cap but not within one DoPut message (16 MiB): the plan cuts it.
+    server = start_server(tmp_path, extra=WRITABLE)
+    client = client_for(server)
+    arr = np.arange(4096 * 4096, dtype="<u2").reshape(4096, 4096)
+    desc = client.setup_array_upload("cache://scratch/@fields/big", arr)
+    assert np.prod(desc.chunk_shape) * arr.itemsize < 16 << 20, desc.chunk_shape
+    status = client.upload_array(desc, arr)
+    assert status["state"] == "READY", status
+    assert status["uploaded_chunks"] == status["expected_chunks"] > 1
+    read_back(client, desc.array_id, arr)
+
+
 def test_dask_sliced_and_chunk_by_chunk_uploads(start_server, tmp_path):
     server = start_server(tmp_path, extra=WRITABLE)
     client = client_for(server)

@@ -31,8 +31,9 @@ use crate::wire::tls::TlsIdentity;
 
 /// Largest message the server sends: a 64 MiB chunk plus its header, with room to spare.
 const MAX_ENCODE_BYTES: usize = 80 << 20;
-/// Largest request accepted: plans and tickets are small; this bounds hostile ones.
-const MAX_DECODE_BYTES: usize = 16 << 20;
+/// Largest request accepted: plans and tickets are small, a DoPut message is one chunk of an
+/// upload (cut to fit: `uploads::MAX_UPLOAD_CHUNK_BYTES`); this bounds hostile ones.
+const MAX_DECODE_BYTES: usize = crate::uploads::MAX_PUT_MESSAGE_BYTES as usize;
 /// How long in-flight calls may run after a stop signal before the process exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Deadline of every call (a shorter `grpc-timeout` from the client wins): time to plan, or to

@@ -77,6 +77,15 @@ pub const DEFAULT_MAX_UPLOADS: usize = 4096;
 /// Default most upload stores open at once (`upload_open_stores`).
 pub const DEFAULT_OPEN_STORES: usize = 64;
 
+/// The largest message the server decodes (`ops/daemon.rs`): a DoPut message carries one
+/// chunk of an upload, so it bounds an upload's cells.
+pub const MAX_PUT_MESSAGE_BYTES: u64 = 16 << 20;
+/// Room in a DoPut message for what is not the chunk's values (descriptor, IPC header,
+/// padding, metadata).
+const PUT_MESSAGE_OVERHEAD: u64 = 64 << 10;
+/// The largest cell of an upload: its values fit one DoPut message.
+pub const MAX_UPLOAD_CHUNK_BYTES: u64 = MAX_PUT_MESSAGE_BYTES - PUT_MESSAGE_OVERHEAD;
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -891,8 +900,9 @@ impl Uploads {
         ))
     }
 
-    /// The grid of a new upload: the requested chunk shape when it names chunks of at most
-    /// [`MAX_CHUNK_BYTES`], else the read policy's grid.
+    /// The grid of a new upload: the requested chunk shape when it names chunks that fit
+    /// one DoPut message ([`MAX_UPLOAD_CHUNK_BYTES`]), else the read policy's grid with
+    /// its target bounded the same way. Clients write on the grid the plan returns.
     fn grid_for(
         &self,
         shape: &[u64],
@@ -917,11 +927,12 @@ impl Uploads {
             .flatten();
         if let Some(chunk) = asked {
             let chunk_bytes = chunk.iter().product::<u64>().saturating_mul(itemsize);
-            if chunk_bytes <= MAX_CHUNK_BYTES && bytes > 0 {
+            if chunk_bytes <= MAX_UPLOAD_CHUNK_BYTES && bytes > 0 {
                 return ChunkGrid::with_chunk_shape(shape, itemsize, &chunk).map_err(refuse);
             }
         }
-        ChunkGrid::plan(shape, itemsize, false, self.target_chunk_bytes).map_err(refuse)
+        let target = self.target_chunk_bytes.min(MAX_UPLOAD_CHUNK_BYTES);
+        ChunkGrid::plan(shape, itemsize, false, target).map_err(refuse)
     }
 
     /// The `upload_status` of `array_id`, `None` when no upload has that name.
