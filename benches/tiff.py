@@ -229,7 +229,8 @@ def server_rows(start_warm, start_cold, ids_of, files, res, reps, system, locate
 
 def tessera_phase(args, data, files, work, res, reps):
     def start(tag):
-        return lambda: fb.tessera_server(args.bin, data, work / f"tessera-{tag}-cache", work / f"tessera-{tag}-state")
+        return lambda: fb.tessera_server(args.bin, data, work / f"tessera-{tag}-cache", work / f"tessera-{tag}-state",
+                                         args.extra)
 
     try:
         server_rows(start("warm"), start("cold"), tessera_ids, files, res, reps, "Tessera",
@@ -381,6 +382,8 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "tessera"))
     ap.add_argument("--work", default="/tmp/tessera-tiff-bench-work", help="files, caches, results.json")
     ap.add_argument("--no-reference", action="store_true", help="skip biopb's own server")
+    ap.add_argument("--extra", action="append", default=[],
+                    help="an argument added to `tessera serve` (repeatable), e.g. --extra=--read-ahead=0")
     ap.add_argument("--phases", default="tessera,tifffile,biopb",
                     help="comma list of the phases to run (tessera, tifffile, biopb); a subset adds its rows "
                          "to WORK's results.json of an earlier run")
