@@ -89,6 +89,20 @@ pub(crate) fn is_object_descr(descr: &str) -> bool {
 }
 
 impl Dtype {
+    /// The dtype of `itemsize`-byte elements of `kind` in `order` (not applicable for one
+    /// byte), or `None` when that size of that kind is not served.
+    pub fn new(kind: Kind, itemsize: usize, order: ByteOrder) -> Option<Dtype> {
+        kind.supports(itemsize).then_some(Dtype {
+            kind,
+            itemsize,
+            order: if itemsize == 1 {
+                ByteOrder::NotApplicable
+            } else {
+                order
+            },
+        })
+    }
+
     /// Refuses a scale whose method cannot reduce elements of this dtype: `area` of a bool
     /// tensor (a mean of booleans is not a boolean). The one check of it, for plans and for
     /// chunk tickets alike.
@@ -149,19 +163,7 @@ impl Dtype {
             return Err(unsupported());
         }
         let itemsize: usize = size.parse().map_err(|_| unsupported())?;
-        if !kind.supports(itemsize) {
-            return Err(unsupported());
-        }
-        let order = if itemsize == 1 {
-            ByteOrder::NotApplicable
-        } else {
-            order
-        };
-        Ok(Dtype {
-            kind,
-            itemsize,
-            order,
-        })
+        Dtype::new(kind, itemsize, order).ok_or_else(unsupported)
     }
 }
 

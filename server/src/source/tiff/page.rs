@@ -260,26 +260,19 @@ fn dtype_of(bits: u64, format: u64, little: bool) -> Result<Dtype, PageError> {
         6 => return Err(PageError::Samples("complex float samples".into())),
         f => return Err(PageError::Samples(format!("sample format {f}"))),
     };
-    let itemsize = match (kind, bits) {
-        (Kind::UInt | Kind::Int, 8 | 16 | 32 | 64) | (Kind::Float, 16 | 32 | 64) => {
-            (bits / 8) as usize
-        }
-        (_, b) => {
-            return Err(PageError::Samples(format!(
-                "{b}-bit samples (8, 16, 32 and 64-bit samples are served)"
-            )));
-        }
+    let order = if little {
+        ByteOrder::Little
+    } else {
+        ByteOrder::Big
     };
-    let order = match (itemsize, little) {
-        (1, _) => ByteOrder::NotApplicable,
-        (_, true) => ByteOrder::Little,
-        (_, false) => ByteOrder::Big,
-    };
-    Ok(Dtype {
-        kind,
-        itemsize,
-        order,
-    })
+    bits.is_multiple_of(8)
+        .then(|| Dtype::new(kind, (bits / 8) as usize, order))
+        .flatten()
+        .ok_or_else(|| {
+            PageError::Samples(format!(
+                "{bits}-bit samples (8, 16, 32 and 64-bit samples are served)"
+            ))
+        })
 }
 
 #[cfg(test)]
