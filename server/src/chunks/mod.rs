@@ -48,6 +48,7 @@ mod decodes;
 mod error;
 mod locate;
 mod memory;
+mod plans;
 mod readahead;
 mod recut;
 pub mod reduce;
@@ -76,6 +77,7 @@ pub use error::ChunkError;
 pub use locate::{LocateOutcome, Unlocatable};
 use memory::MemoryCache;
 pub use memory::MemoryStore;
+use plans::RecentPlans;
 pub use store::{ChunkStore, SegmentFiles};
 use writes::Writes;
 
@@ -132,6 +134,8 @@ pub struct ChunkService {
     settle_window: Duration,
     /// Keys queued for decoding ahead and not finished yet.
     queued_ahead: parking_lot::Mutex<HashSet<Vec<u8>>>,
+    /// The regions of recent plans, which bound read-ahead (`plans.rs`).
+    plans: RecentPlans,
     writes: Writes,
     pending_waits: AtomicU64,
     locates: AtomicU64,
@@ -158,6 +162,7 @@ impl ChunkService {
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
+            plans: RecentPlans::default(),
             writes: Writes::default(),
             pending_waits: AtomicU64::new(0),
             locates: AtomicU64::new(0),
@@ -300,7 +305,13 @@ impl ChunkService {
             Ok(chunk) => self.is_present(&chunk.segment_key()),
             Err(_) => true,
         };
+        // Within the plan the request came from, when it is remembered (`plans.rs`).
+        let plan = self.plans.holding(id);
+        let planned = |region: &Region| plan.as_ref().is_none_or(|plan| plan.contains(region));
         for region in readahead::cells_ahead(grid, id.region(), window, present) {
+            if !planned(&region) {
+                continue;
+            }
             if let Ok(next) = chunk_of(&region) {
                 self.decode_in_background(tensor, next);
             }
@@ -314,7 +325,10 @@ impl ChunkService {
     /// on from there. Returns at once. Nothing starts for a plan that is warm at either end
     /// (a later plan of a tensor being read), for a scaled plan, with read-ahead off
     /// (budget 0), without a file cache, or while appends fail.
+    ///
+    /// The plan's region is remembered either way: requests read ahead only within it.
     pub fn read_ahead_plan(self: &Arc<Self>, tensor: &Arc<Tensor>, first: ChunkId, last: ChunkId) {
+        self.plans.record(&first, &last);
         if self.room_ahead().is_none() || first.scale().is_some() || last.scale().is_some() {
             return;
         }

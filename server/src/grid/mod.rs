@@ -39,6 +39,15 @@
 //! `(full, …, full, k, 1, …, 1)` and again one contiguous byte range of the
 //! file. Clients still receive every chunk in C order (the decoder transposes).
 //!
+//! **Tiles for the socket.** [`ChunkGrid::socket`] cuts the grid socket readers are planned
+//! on (the fine grid, docs/decisions/0015) by the same rule, with one exception: a plane
+//! (the two fastest axes) larger than the target and longer than a tile on both axes is cut
+//! into square tiles of [`SOCKET_TILE_EDGE`] elements, anchored at the origin, instead of
+//! full-width bands. A viewer's window of a large plane then costs about the window over the socket, not
+//! a band as wide as the plane (docs/decisions/0003, amended by issue 33). Such a tile is
+//! `edge` runs of the source, gathered once when it is decoded; the coarse grid local clients
+//! map keeps contiguity.
+//!
 //! **Empty tensors** (some axis of length 0) have exactly one chunk, whose
 //! extent is the whole shape (zero included), bounds `[0, shape)`.
 //!
@@ -110,6 +119,14 @@ pub fn mapped_target(
     }
     mapped_target.min(plane_bytes.max(fine_target))
 }
+
+/// The edge, in elements, of the square tiles [`ChunkGrid::socket`] cuts a large plane into:
+/// a power of two, so a viewer's 256- or 512-aligned window lies in one tile. Halved while
+/// one tile exceeds the target, down to [`MIN_TILE_EDGE`].
+pub const SOCKET_TILE_EDGE: u64 = 1024;
+
+/// The smallest tile edge: a target too small for a tile this large keeps full-width bands.
+const MIN_TILE_EDGE: u64 = 256;
 
 /// The largest number of axes a grid (and a chunk id) supports.
 pub const MAX_RANK: usize = 32;
@@ -245,6 +262,27 @@ impl ChunkGrid {
         Ok(ChunkGrid {
             shape: shape.to_vec(),
             chunk,
+        })
+    }
+
+    /// Plans the grid reads that travel the socket are cut on: [`ChunkGrid::plan`]'s, except
+    /// that a plane (the last two axes; the first two in Fortran order) larger than the
+    /// target and longer than a tile on both axes is cut into square tiles of
+    /// [`SOCKET_TILE_EDGE`] elements (see the module docs). Fails like [`ChunkGrid::plan`].
+    pub fn socket(
+        shape: &[u64],
+        itemsize: u64,
+        fortran_order: bool,
+        target_bytes: u64,
+    ) -> Result<ChunkGrid, GridError> {
+        let grid = ChunkGrid::plan(shape, itemsize, fortran_order, target_bytes)?;
+        let target = target_bytes.clamp(itemsize, MAX_CHUNK_BYTES);
+        Ok(match tile_chunk(shape, itemsize, fortran_order, target) {
+            Some(chunk) => ChunkGrid {
+                shape: shape.to_vec(),
+                chunk,
+            },
+            None => grid,
         })
     }
 
@@ -546,6 +584,37 @@ fn check_tensor(shape: &[u64], itemsize: u64) -> Result<(), GridError> {
     Ok(())
 }
 
+/// The tile of a valid, non-empty tensor whose plane exceeds `target` (already clamped) and
+/// is longer than one tile on both axes; `None` when its plane keeps the contiguity-first
+/// cut.
+fn tile_chunk(shape: &[u64], itemsize: u64, fortran_order: bool, target: u64) -> Option<Vec<u64>> {
+    let rank = shape.len();
+    if rank < 2 || shape.contains(&0) {
+        return None;
+    }
+    // (rows, columns): the columns axis is the fastest.
+    let (rows, columns) = if fortran_order {
+        (1, 0)
+    } else {
+        (rank - 2, rank - 1)
+    };
+    let plane = shape[rows]
+        .saturating_mul(shape[columns])
+        .saturating_mul(itemsize);
+    let tile_bytes = |edge: u64| edge.saturating_mul(edge).saturating_mul(itemsize);
+    let mut edge = SOCKET_TILE_EDGE;
+    while edge > MIN_TILE_EDGE && tile_bytes(edge) > target {
+        edge /= 2;
+    }
+    if plane <= target || tile_bytes(edge) > target || shape[rows].min(shape[columns]) <= edge {
+        return None;
+    }
+    let mut chunk = vec![1; rank];
+    chunk[rows] = edge;
+    chunk[columns] = edge;
+    Some(chunk)
+}
+
 /// The C-order contiguous chunk of a non-empty tensor for a target already
 /// clamped to `[itemsize, MAX_CHUNK_BYTES]` (see the module docs).
 fn contiguous_chunk(shape: &[u64], itemsize: u64, target: u64) -> Vec<u64> {
@@ -597,6 +666,43 @@ mod tests {
         assert_eq!(coarse(&[2048, 2048, 40], 2, true), [2048, 2048, 1]);
         // One or two axes: unchanged.
         assert_eq!(coarse(&[4096, 4096], 4, false), [4096, 4096]);
+    }
+
+    #[test]
+    fn socket_cells_of_large_planes_are_tiles() {
+        let socket = |shape: &[u64], itemsize, fortran, target| {
+            ChunkGrid::socket(shape, itemsize, fortran, target)
+                .unwrap()
+                .chunk_shape()
+                .to_vec()
+        };
+        // A 16000² u16 plane: 1024² tiles (2 MiB) instead of [259, 16000] bands.
+        assert_eq!(socket(&[16000, 16000], 2, false, 8 << 20), [1024, 1024]);
+        assert_eq!(
+            socket(&[3, 16000, 16000], 2, false, 8 << 20),
+            [1, 1024, 1024]
+        );
+        // Tiles shrink to fit the target: c16 elements make 512² tiles of 4 MiB.
+        assert_eq!(socket(&[8192, 8192], 16, false, 8 << 20), [512, 512]);
+        // Planes within the target, narrow planes, one axis and tiny targets: the plain cut.
+        let plain = |shape: &[u64], itemsize, target| {
+            let want = ChunkGrid::plan(shape, itemsize, false, target).unwrap();
+            assert_eq!(socket(shape, itemsize, false, target), want.chunk_shape());
+        };
+        plain(&[8, 2048, 2048], 2, 8 << 20);
+        plain(&[1 << 20, 1000], 4, 8 << 20);
+        plain(&[4096, 4096], 1, 4096);
+        plain(&[64, 1 << 20], 1, 8 << 20);
+        plain(&[100_000_000], 8, 8 << 20);
+        // Fortran order: the plane is the first two axes, the first one fastest.
+        assert_eq!(
+            socket(&[16000, 16000, 3], 2, true, 8 << 20),
+            [1024, 1024, 1]
+        );
+        // Every tile is within the target; the last ones clip at the shape.
+        let g = ChunkGrid::socket(&[5000, 3000], 2, false, 8 << 20).unwrap();
+        assert!(g.chunk_bytes(2) <= 8 << 20);
+        assert_eq!(g.grid_dims(), [5, 3]);
     }
 
     #[test]

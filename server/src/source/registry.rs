@@ -857,22 +857,29 @@ fn open_tensor(
     let source = formats::open(path, &options.limits, place)?;
     let shape = source.shape();
     let native = source.native_chunk();
-    let plan_grid = |target: u64| {
-        let itemsize = source.dtype().itemsize as u64;
+    let itemsize = source.dtype().itemsize as u64;
+    let fortran = source.fortran_order();
+    // The fine grid cuts large planes into tiles for socket readers; the coarse grid keeps
+    // contiguity for clients that map (docs/decisions/0003, 0015).
+    let plan_grid = |target: u64, socket: bool| {
         match &native {
             Some(native) => ChunkGrid::fitted(shape, itemsize, native, target),
-            None => ChunkGrid::plan(shape, itemsize, source.fortran_order(), target),
+            None if socket => ChunkGrid::socket(shape, itemsize, fortran, target),
+            None => ChunkGrid::plan(shape, itemsize, fortran, target),
         }
         .map_err(|e| format!("{}: {e}", path.display()))
     };
-    let grid = plan_grid(options.target_chunk_bytes)?;
-    let mapped_grid = plan_grid(mapped_target(
-        shape,
-        source.dtype().itemsize as u64,
-        source.fortran_order(),
-        options.target_chunk_bytes,
-        options.mapped_chunk_bytes.max(options.target_chunk_bytes),
-    ))?;
+    let grid = plan_grid(options.target_chunk_bytes, true)?;
+    let mapped_grid = plan_grid(
+        mapped_target(
+            shape,
+            itemsize,
+            fortran,
+            options.target_chunk_bytes,
+            options.mapped_chunk_bytes.max(options.target_chunk_bytes),
+        ),
+        false,
+    )?;
     let version = source.version();
     let rank = shape.len();
     let dim_labels = match labels {
@@ -923,15 +930,19 @@ pub fn level_tensor(
 ) -> Result<Tensor, String> {
     let shape = source.shape().to_vec();
     let itemsize = source.dtype().itemsize as u64;
-    let grid_of = |target: u64| {
+    let grid_of = |target: u64, socket: bool| {
         match source.native_chunk() {
             Some(native) => ChunkGrid::fitted(&shape, itemsize, &native, target),
+            None if socket => ChunkGrid::socket(&shape, itemsize, false, target),
             None => ChunkGrid::plan(&shape, itemsize, false, target),
         }
         .map_err(|e| format!("level '{id}': {e}"))
     };
-    let grid = grid_of(options.target_chunk_bytes)?;
-    let mapped_grid = grid_of(options.mapped_chunk_bytes.max(options.target_chunk_bytes))?;
+    let grid = grid_of(options.target_chunk_bytes, true)?;
+    let mapped_grid = grid_of(
+        options.mapped_chunk_bytes.max(options.target_chunk_bytes),
+        false,
+    )?;
     let mut meta = parent.meta.clone();
     if let Some((scale, unit)) = source.physical_scale() {
         meta.physical_scale = scale;
