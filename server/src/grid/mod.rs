@@ -265,24 +265,56 @@ impl ChunkGrid {
         })
     }
 
-    /// Plans the grid reads that travel the socket are cut on: [`ChunkGrid::plan`]'s, except
-    /// that a plane (the last two axes; the first two in Fortran order) larger than the
-    /// target and longer than a tile on both axes is cut into square tiles of
-    /// [`SOCKET_TILE_EDGE`] elements (see the module docs). Fails like [`ChunkGrid::plan`].
+    /// Plans the grid reads that travel the socket are cut on: [`ChunkGrid::plan`]'s (with
+    /// `native` chunks, [`ChunkGrid::fitted`]'s), except that a plane (the last two axes;
+    /// the first two in Fortran order) larger than the target and longer than a tile on
+    /// both axes is cut into square tiles of [`SOCKET_TILE_EDGE`] elements (see the module
+    /// docs). With native chunks a cell keeps whole native chunks: its plane extents are the
+    /// largest multiple of the native extent within the tile edge (at least one native
+    /// chunk), unless such a cell would pass the target (native chunks of many planes keep
+    /// the fitted cut). Fails like [`ChunkGrid::plan`].
     pub fn socket(
         shape: &[u64],
         itemsize: u64,
         fortran_order: bool,
+        native: Option<&[u64]>,
         target_bytes: u64,
     ) -> Result<ChunkGrid, GridError> {
-        let grid = ChunkGrid::plan(shape, itemsize, fortran_order, target_bytes)?;
+        let grid = match native {
+            Some(native) => ChunkGrid::fitted(shape, itemsize, native, target_bytes)?,
+            None => ChunkGrid::plan(shape, itemsize, fortran_order, target_bytes)?,
+        };
         let target = target_bytes.clamp(itemsize, MAX_CHUNK_BYTES);
-        Ok(match tile_chunk(shape, itemsize, fortran_order, target) {
-            Some(chunk) => ChunkGrid {
-                shape: shape.to_vec(),
-                chunk,
-            },
-            None => grid,
+        let Some(tile) = tile_chunk(shape, itemsize, fortran_order, target) else {
+            return Ok(grid);
+        };
+        let chunk = match native {
+            Some(native) if native.len() == shape.len() && !native.contains(&0) => {
+                let cell: Vec<u64> = grid
+                    .chunk
+                    .iter()
+                    .zip(native.iter().zip(shape))
+                    .zip(&tile)
+                    .map(|((cell, (native, dim)), tile)| {
+                        let native = (*native).min(*dim);
+                        match *tile {
+                            1 => *cell,
+                            edge => ((edge / native).max(1) * native).min(*dim),
+                        }
+                    })
+                    .collect();
+                let bytes = cell.iter().fold(itemsize, |acc, c| acc.saturating_mul(*c));
+                // Deep native chunks (many planes each) keep the fitted cut.
+                if bytes > target.max(grid.chunk_bytes(itemsize)) {
+                    return Ok(grid);
+                }
+                cell
+            }
+            _ => tile,
+        };
+        Ok(ChunkGrid {
+            shape: shape.to_vec(),
+            chunk,
         })
     }
 
@@ -671,7 +703,7 @@ mod tests {
     #[test]
     fn socket_cells_of_large_planes_are_tiles() {
         let socket = |shape: &[u64], itemsize, fortran, target| {
-            ChunkGrid::socket(shape, itemsize, fortran, target)
+            ChunkGrid::socket(shape, itemsize, fortran, None, target)
                 .unwrap()
                 .chunk_shape()
                 .to_vec()
@@ -700,9 +732,30 @@ mod tests {
             [1024, 1024, 1]
         );
         // Every tile is within the target; the last ones clip at the shape.
-        let g = ChunkGrid::socket(&[5000, 3000], 2, false, 8 << 20).unwrap();
+        let g = ChunkGrid::socket(&[5000, 3000], 2, false, None, 8 << 20).unwrap();
         assert!(g.chunk_bytes(2) <= 8 << 20);
         assert_eq!(g.grid_dims(), [5, 3]);
+    }
+
+    #[test]
+    fn socket_cells_of_natively_tiled_planes_are_whole_tiles_within_the_edge() {
+        let socket = |shape: &[u64], native: &[u64]| {
+            ChunkGrid::socket(shape, 2, false, Some(native), 8 << 20)
+                .unwrap()
+                .chunk_shape()
+                .to_vec()
+        };
+        // A TIFF's 512² tiles: fitted bands of 16 tiles become cells of 2 × 2 tiles.
+        assert_eq!(socket(&[8, 8192, 8192], &[1, 512, 512]), [1, 1024, 1024]);
+        // Tiles that do not divide the edge: as many whole ones as fit (3 × 300 = 900).
+        assert_eq!(socket(&[8192, 8192], &[300, 300]), [900, 900]);
+        // Native chunks larger than the edge stay whole; small planes keep the fitted cut.
+        assert_eq!(socket(&[4, 8192, 8192], &[1, 2048, 2048]), [1, 2048, 2048]);
+        let fitted = ChunkGrid::fitted(&[100, 1000, 1000], 2, &[1, 100, 100], 8 << 20).unwrap();
+        assert_eq!(
+            socket(&[100, 1000, 1000], &[1, 100, 100]),
+            fitted.chunk_shape()
+        );
     }
 
     #[test]

@@ -863,8 +863,8 @@ fn open_tensor(
     // contiguity for clients that map (docs/decisions/0003, 0015).
     let plan_grid = |target: u64, socket: bool| {
         match &native {
+            _ if socket => ChunkGrid::socket(shape, itemsize, fortran, native.as_deref(), target),
             Some(native) => ChunkGrid::fitted(shape, itemsize, native, target),
-            None if socket => ChunkGrid::socket(shape, itemsize, fortran, target),
             None => ChunkGrid::plan(shape, itemsize, fortran, target),
         }
         .map_err(|e| format!("{}: {e}", path.display()))
@@ -931,9 +931,10 @@ pub fn level_tensor(
     let shape = source.shape().to_vec();
     let itemsize = source.dtype().itemsize as u64;
     let grid_of = |target: u64, socket: bool| {
-        match source.native_chunk() {
-            Some(native) => ChunkGrid::fitted(&shape, itemsize, &native, target),
-            None if socket => ChunkGrid::socket(&shape, itemsize, false, target),
+        let native = source.native_chunk();
+        match &native {
+            _ if socket => ChunkGrid::socket(&shape, itemsize, false, native.as_deref(), target),
+            Some(native) => ChunkGrid::fitted(&shape, itemsize, native, target),
             None => ChunkGrid::plan(&shape, itemsize, false, target),
         }
         .map_err(|e| format!("level '{id}': {e}"))
