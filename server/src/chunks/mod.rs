@@ -323,8 +323,9 @@ impl ChunkService {
     /// at `first`, dask at `last`), so its first request finds its chunk decoded or being
     /// decoded while the client was still setting up, and the request's own read-ahead goes
     /// on from there. Returns at once. Nothing starts for a plan that is warm at either end
-    /// (a later plan of a tensor being read), for a scaled plan, with read-ahead off
-    /// (budget 0), without a file cache, or while appends fail.
+    /// (a later plan of a tensor being read), for a scaled plan, for end cells that are not
+    /// byte ranges of their source (compressed or gathered: too dear to guess at), with
+    /// read-ahead off (budget 0), without a file cache, or while appends fail.
     ///
     /// The plan's region is remembered either way: requests read ahead only within it.
     pub fn read_ahead_plan(self: &Arc<Self>, tensor: &Arc<Tensor>, first: ChunkId, last: ChunkId) {
@@ -333,6 +334,14 @@ impl ChunkService {
             return;
         }
         if self.is_present(&first.segment_key()) || self.is_present(&last.segment_key()) {
+            return;
+        }
+        // Only cells that are byte ranges of their source (copied inside the kernel): a
+        // viewer plans a whole tensor and then reads a window of it, and two end cells
+        // decoded from compressed tiles (a TIFF's: 128 tiles each) would take the CPU its
+        // window needs (decision 0022, amended).
+        let cheap = |id: &ChunkId| matches!(tensor.source.byte_range(id.region()), Ok(Some(_)));
+        if !cheap(&first) || !cheap(&last) {
             return;
         }
         let same = first == last;

@@ -224,11 +224,30 @@ pub fn native_level(
     )))
 }
 
-/// The grid a plan on `route` is cut on.
-fn grid_for(tensor: &Tensor, route: Route) -> &ChunkGrid {
-    match route {
-        Route::Mapped => &tensor.mapped_grid,
-        Route::Socket => &tensor.grid,
+/// How many times the cells of the coarse grid may cover the cells of the fine grid a
+/// request of a region needs before a mapped plan of it is cut on the fine grid.
+const COARSE_OVERREAD: u64 = 4;
+
+/// The grid a plan of `requested` (`None`: the whole tensor) on `route` is cut on: the
+/// route's (decision 0015), except that a mapped plan of a region whose coarse cells cover
+/// more than [`COARSE_OVERREAD`] times the fine cells it needs is cut on the fine grid. A
+/// viewer's window of a large plane then costs about the window on either route, not a
+/// 64 MiB cell decoded for a 512² tile; whole reads and large slices keep the coarse grid.
+fn grid_for<'t>(tensor: &'t Tensor, route: Route, requested: Option<&Region>) -> &'t ChunkGrid {
+    match (route, requested) {
+        (Route::Socket, _) => &tensor.grid,
+        (Route::Mapped, Some(region)) if overreads(tensor, region) => &tensor.grid,
+        (Route::Mapped, _) => &tensor.mapped_grid,
+    }
+}
+
+/// Whether the coarse cells holding `region` cover more than [`COARSE_OVERREAD`] times the
+/// elements of the fine cells holding it.
+fn overreads(tensor: &Tensor, region: &Region) -> bool {
+    let covered = |grid: &ChunkGrid| grid.snap(region).ok()?.num_elements();
+    match (covered(&tensor.mapped_grid), covered(&tensor.grid)) {
+        (Some(coarse), Some(fine)) => coarse > fine.saturating_mul(COARSE_OVERREAD),
+        _ => false,
     }
 }
 
@@ -243,20 +262,21 @@ pub fn plan(
     roi_ticket: Vec<u8>,
 ) -> ServiceResult<Planned> {
     let scale = requested_scale(tensor, request)?;
-    let scaled_grid;
-    let grid = match &scale {
-        None => grid_for(tensor, route),
-        Some(scale) => {
-            scaled_grid = grid_for(tensor, route).scaled(scale.factors());
-            &scaled_grid
-        }
-    };
-    let mask = Mask::from_request(request);
     let requested = requested_region(
         &tensor.array_id,
         tensor.shape(),
         request.slice_hint.as_ref(),
     )?;
+    let base = grid_for(tensor, route, requested.as_ref());
+    let scaled_grid;
+    let grid = match &scale {
+        None => base,
+        Some(scale) => {
+            scaled_grid = base.scaled(scale.factors());
+            &scaled_grid
+        }
+    };
+    let mask = Mask::from_request(request);
     let whole = Region::whole(tensor.shape());
     let realized = match &requested {
         Some(region) => grid.snap(region).map_err(|source| RequestError::Slice {
