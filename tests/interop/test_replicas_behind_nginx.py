@@ -54,7 +54,7 @@ pid {prefix}/nginx.pid;
 error_log {self.error_log} info;
 events {{ worker_connections 512; }}
 http {{
-    log_format calls '$upstream_addr $request_uri $status';
+    log_format calls '$upstream_addr|$request_uri|$status';
     access_log {self.access_log} calls;
     client_body_temp_path {prefix}/body;
     proxy_temp_path {prefix}/proxy;
@@ -93,11 +93,11 @@ http {{
         self.location = f"grpc://127.0.0.1:{self.port}"
 
     def calls(self):
-        """(upstream, method) of every call nginx passed on so far."""
+        """(upstream that answered, method) of every call nginx passed on so far."""
         out = []
         for line in self.access_log.read_text().splitlines():
-            upstream, uri, _status = line.split(" ")
-            out.append((upstream, uri.rsplit("/", 1)[-1]))
+            upstreams, uri, _status = line.split("|")
+            out.append((upstreams.split(", ")[-1], uri.rsplit("/", 1)[-1]))
         return out
 
     def stop(self):
