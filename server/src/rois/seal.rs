@@ -191,9 +191,9 @@ impl Sealer {
             .read_to_end(&mut bytes)
             .map_err(|e| io("read", e))?;
         if bytes.len() != KEY_BYTES {
-            let len = file
-                .metadata()
-                .map_or(bytes.len(), |m| usize::try_from(m.len()).unwrap_or(usize::MAX));
+            let len = file.metadata().map_or(bytes.len(), |m| {
+                usize::try_from(m.len()).unwrap_or(usize::MAX)
+            });
             return Err(KeyError::SharedLength {
                 path: path.to_path_buf(),
                 len,
@@ -306,19 +306,33 @@ mod tests {
             sealer.check("img", &made_here, Some(b"v1"), 1_001),
             Err(GrantError::Tampered("img".to_string()))
         );
-        let refusal = |path: &Path| Sealer::shared(path).err().map(|e| e.to_string()).unwrap_or_default();
+        let refusal = |path: &Path| {
+            Sealer::shared(path)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640))?;
         let exposed = refusal(&shared);
-        assert!(exposed.contains("mode 640") && exposed.contains("shared.key"), "{exposed}");
+        assert!(
+            exposed.contains("mode 640") && exposed.contains("shared.key"),
+            "{exposed}"
+        );
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o400))?;
         assert!(Sealer::shared(&shared).is_ok());
         let long = dir.path().join("long.key");
         std::fs::write(&long, [1u8; KEY_BYTES + 1])?;
         std::fs::set_permissions(&long, std::fs::Permissions::from_mode(0o600))?;
         let wrong = refusal(&long);
-        assert!(wrong.contains("33 bytes, not 32") && wrong.contains("long.key"), "{wrong}");
+        assert!(
+            wrong.contains("33 bytes, not 32") && wrong.contains("long.key"),
+            "{wrong}"
+        );
         let missing = refusal(&dir.path().join("absent.key"));
-        assert!(missing.contains("absent.key") && missing.contains("cannot open"), "{missing}");
+        assert!(
+            missing.contains("absent.key") && missing.contains("cannot open"),
+            "{missing}"
+        );
         std::fs::write(&path, b"short")?;
         assert!(
             Sealer::open(&path)

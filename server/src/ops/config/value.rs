@@ -269,7 +269,8 @@ impl FromStr for ExternalLocation {
                 "external_location '{text}' {why}: give the URL other machines dial this server                  at, e.g. grpc://node7.example.org:8815 (grpc+tls:// when clients use TLS)"
             ))
         };
-        let url = url::Url::parse(text.trim()).map_err(|e| refuse(&format!("is not a URL ({e})")))?;
+        let url =
+            url::Url::parse(text.trim()).map_err(|e| refuse(&format!("is not a URL ({e})")))?;
         if !FLIGHT_SCHEMES.contains(&url.scheme()) {
             return Err(refuse(&format!(
                 "has scheme '{}', not one of {}",
@@ -277,14 +278,19 @@ impl FromStr for ExternalLocation {
                 FLIGHT_SCHEMES.join(", ")
             )));
         }
-        let host = url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| refuse("has no host"))?;
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| refuse("has no host"))?;
         if host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .parse::<IpAddr>()
             .is_ok_and(|ip| ip.is_unspecified())
         {
-            return Err(refuse("names the unspecified address, which no client can dial"));
+            return Err(refuse(
+                "names the unspecified address, which no client can dial",
+            ));
         }
         if url.port().is_none() {
             return Err(refuse("has no port"));
@@ -293,9 +299,13 @@ impl FromStr for ExternalLocation {
             return Err(refuse("carries credentials"));
         }
         if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
-            return Err(refuse("has a path, query or fragment; only scheme://host:port is dialled"));
+            return Err(refuse(
+                "has a path, query or fragment; only scheme://host:port is dialled",
+            ));
         }
-        Ok(ExternalLocation(text.trim().trim_end_matches('/').to_string()))
+        Ok(ExternalLocation(
+            text.trim().trim_end_matches('/').to_string(),
+        ))
     }
 }
 
@@ -357,9 +367,18 @@ mod tests {
         let of = |addr: &str, tls| {
             ExternalLocation::of_listen(addr.parse().unwrap(), tls).map(String::from)
         };
-        assert_eq!(of("10.0.0.5:8815", false).as_deref(), Some("grpc://10.0.0.5:8815"));
-        assert_eq!(of("10.0.0.5:8815", true).as_deref(), Some("grpc+tls://10.0.0.5:8815"));
-        assert_eq!(of("[fd00::5]:9", false).as_deref(), Some("grpc://[fd00::5]:9"));
+        assert_eq!(
+            of("10.0.0.5:8815", false).as_deref(),
+            Some("grpc://10.0.0.5:8815")
+        );
+        assert_eq!(
+            of("10.0.0.5:8815", true).as_deref(),
+            Some("grpc+tls://10.0.0.5:8815")
+        );
+        assert_eq!(
+            of("[fd00::5]:9", false).as_deref(),
+            Some("grpc://[fd00::5]:9")
+        );
         assert_eq!(of("127.0.0.1:8815", false), None);
         assert_eq!(of("[::1]:8815", false), None);
         assert_eq!(of("0.0.0.0:8815", false), None);
