@@ -266,7 +266,8 @@ impl FromStr for ExternalLocation {
     fn from_str(text: &str) -> Result<ExternalLocation, ConfigError> {
         let refuse = |why: &str| {
             ConfigError::Invalid(format!(
-                "external_location '{text}' {why}: give the URL other machines dial this server                  at, e.g. grpc://node7.example.org:8815 (grpc+tls:// when clients use TLS)"
+                "external_location '{text}' {why}: give the URL other machines dial this server \
+                 at, e.g. grpc://node7.example.org:8815 (grpc+tls:// when clients use TLS)"
             ))
         };
         let url =
