@@ -48,9 +48,9 @@ pub enum KeyError {
         /// Its length.
         len: usize,
     },
-    /// A shared key file others than its owner may read.
+    /// A shared key file users other than its owner may read.
     #[error(
-        "seal key file {} has mode {mode:03o}: others than its owner could read it and forge ROI \
+        "seal key file {} has mode {mode:03o}: users other than its owner could read it and forge ROI \
          tickets; run `chmod 600 {}`",
         path.display(),
         path.display()
