@@ -52,6 +52,8 @@ pub struct ServiceState {
     annotations: Result<Arc<Annotations>, Arc<NoAnnotations>>,
     /// The uploads kept in the state directory.
     uploads: Option<Arc<Uploads>>,
+    /// The address `health` advertises (`external_location`), if any.
+    external_location: Option<String>,
 }
 
 impl ServiceState {
@@ -76,7 +78,20 @@ impl ServiceState {
             state_dir: None,
             annotations: Err(Arc::new(NoAnnotations::NoStateDir)),
             uploads: None,
+            external_location: None,
         }
+    }
+
+    /// Advertises `location` as the address other machines dial (`health`'s
+    /// `external_location`).
+    pub fn with_external_location(mut self, location: Option<String>) -> Self {
+        self.external_location = location;
+        self
+    }
+
+    /// The address other machines dial this server at, when it has one.
+    pub fn external_location(&self) -> Option<&str> {
+        self.external_location.as_deref()
     }
 
     /// Plans loopback reads by `policy` (`--loopback-plans`).

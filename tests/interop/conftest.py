@@ -45,8 +45,8 @@ def tessera_bin() -> str:
 class Server(TesseraProcess):
     """A running `tessera serve` process (the shared launcher, on the binary under test)."""
 
-    def __init__(self, args, env=None):
-        super().__init__(tessera_bin(), args, env=env)
+    def __init__(self, args, env=None, listen="127.0.0.1:0"):
+        super().__init__(tessera_bin(), args, env=env, listen=listen)
 
     def stop(self):
         return super().stop(timeout=20)
@@ -56,12 +56,12 @@ class Server(TesseraProcess):
 def start_server(tmp_path):
     servers = []
 
-    def start(*paths, extra=(), env=None, cache_dir=None):
+    def start(*paths, extra=(), env=None, cache_dir=None, listen="127.0.0.1:0"):
         cache = cache_dir or (tmp_path / f"cache{len(servers)}")
         # Each server its own state directory unless the test names one (`--state-dir`
         # in `extra` wins over the variable): nothing lands in ~/.local/share/tessera.
         env = {"TESSERA_STATE_DIR": str(tmp_path / f"state{len(servers)}"), **(env or {})}
-        server = Server([*paths, "--cache-dir", cache, *extra], env=env)
+        server = Server([*paths, "--cache-dir", cache, *extra], env=env, listen=listen)
         servers.append(server)
         return server
 

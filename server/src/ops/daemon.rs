@@ -13,9 +13,11 @@ use crate::chunks::{ChunkService, ChunkStore, MemoryStore, SegmentFiles};
 use crate::error::NoAnnotations;
 use crate::metrics::{Metered, Metrics};
 use crate::ops::config::blocks::{CacheValues, WritesValues};
+use crate::ops::config::value::ExternalLocation;
 use crate::ops::config::{CacheKind, Settings};
 use crate::ops::scrape::MetricsServer;
 use crate::ops::watch::Watcher;
+use crate::rois::seal::{KeyError, Sealer};
 use crate::rois::{Annotations, RoiLimits};
 use crate::source::ids::IdBook;
 use crate::source::npy::Limits;
@@ -98,6 +100,9 @@ pub enum DaemonError {
     /// The TLS certificate or key cannot be used.
     #[error("{0}")]
     Tls(#[from] crate::wire::tls::TlsError),
+    /// The shared ROI seal key (`--seal-key-file`) cannot be used.
+    #[error("{0}")]
+    SealKey(#[from] KeyError),
 }
 
 /// A bound, ready-to-run server.
@@ -130,6 +135,10 @@ impl Daemon {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
             None => None,
         };
+        let shared_seal = match &settings.writes.seal_key_file {
+            Some(path) => Some(Sealer::shared(path)?),
+            None => None,
+        };
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| DaemonError::Bind {
@@ -141,10 +150,21 @@ impl Daemon {
             Ok(addr) => format!("listening on {scheme}://{addr}"),
             Err(_) => format!("listening on {scheme}://{listen}"),
         };
+        let external_location = settings.listener.external_location.clone().or_else(|| {
+            ExternalLocation::of_listen(listener.local_addr().unwrap_or(listen), tls.is_some())
+        });
+        match &external_location {
+            Some(location) => tracing::info!(%location, "health advertises this address"),
+            None if listen.ip().is_unspecified() => tracing::info!(
+                "health advertises no address: {listen} names no interface; set \
+                 --external-location URL for clients on other machines (dask workers)"
+            ),
+            None => {}
+        }
         let (chunks, sources, writes) = (&settings.chunks, &settings.sources, &settings.writes);
         let store = open_store(&settings.cache, &holder)?;
         let state_dir = open_state_dir(writes, &holder)?;
-        let annotations = open_annotations(writes, state_dir.as_deref());
+        let annotations = open_annotations(writes, state_dir.as_deref(), shared_seal);
         let uploads = open_uploads(settings, state_dir.as_deref())?;
         let options = OpenOptions {
             limits: Limits::default(),
@@ -187,6 +207,7 @@ impl Daemon {
                 .with_runtime_roots(sources.runtime_roots())
                 .with_writes(writes.writable, state_dir)
                 .with_annotations(annotations)
+                .with_external_location(external_location.map(String::from))
                 .with_uploads(uploads),
         );
         let tree_state = state.clone();
@@ -421,6 +442,7 @@ async fn note_served_annotations(state: Arc<ServiceState>) {
 fn open_annotations(
     writes: &WritesValues,
     state_dir: Option<&StateDir>,
+    shared_seal: Option<Sealer>,
 ) -> Result<Arc<Annotations>, Arc<NoAnnotations>> {
     if !writes.annotations {
         tracing::info!("ROI annotations turned off (--annotations=false)");
@@ -439,7 +461,7 @@ fn open_annotations(
                 cache_bytes: usize::try_from(writes.annotation_cache.get()).unwrap_or(usize::MAX),
                 ..RoiLimits::default()
             };
-            Annotations::open(&part, limits).map_err(NoAnnotations::Open)
+            Annotations::open(&part, limits, shared_seal).map_err(NoAnnotations::Open)
         });
     match opened {
         Ok(rois) => {

@@ -191,11 +191,20 @@ fn mint_id() -> Result<String, RoiError> {
 }
 
 impl Annotations {
-    /// Opens the store and the seal key in `dir` (the state directory's `annotations`).
-    pub fn open(dir: &Path, limits: RoiLimits) -> Result<Annotations, RoiError> {
+    /// Opens the store in `dir` (the state directory's `annotations`), sealing with
+    /// `shared` (the key replicas share, `--seal-key-file`) or else with the key of `dir`.
+    pub fn open(
+        dir: &Path,
+        limits: RoiLimits,
+        shared: Option<Sealer>,
+    ) -> Result<Annotations, RoiError> {
+        let sealer = match shared {
+            Some(sealer) => sealer,
+            None => Sealer::open(&dir.join("seal.key"))?,
+        };
         Ok(Annotations {
             store: RoiDb::open(&dir.join("rois.redb"), limits.cache_bytes)?,
-            sealer: Sealer::open(&dir.join("seal.key"))?,
+            sealer,
             limits,
         })
     }
@@ -470,6 +479,7 @@ mod tests {
                 max_row_bytes: 200,
                 ..Default::default()
             },
+            None,
         )?;
         let point = r#"{"point": {"x": 1}}"#;
         let put = |rows| rois.put("img", "img", "file:///img.npy", rows, false);

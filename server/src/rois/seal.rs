@@ -6,6 +6,10 @@
 //! restart; deleting the file revokes every seal outstanding), over the tensor's array id,
 //! its content version and the expiry, each framed by its length so no two inputs share
 //! bytes.
+//!
+//! Replicas behind one load balancer share the key instead (`--seal-key-file`, [`Sealer::shared`]):
+//! a file the operator made and gave every replica, read as it is and never made or repaired,
+//! so a plan made on one replica is redeemable on any other.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
@@ -39,6 +43,31 @@ pub enum KeyError {
     /// The file is not a key this server made.
     #[error("ROI seal key {} is {len} bytes, not {KEY_BYTES}: remove it to make a new one (every ROI ticket outstanding is then revoked)", path.display())]
     Malformed {
+        /// The key file.
+        path: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+    /// A shared key file users other than its owner may read.
+    #[error(
+        "seal key file {} has mode {mode:03o}: users other than its owner could read it and forge ROI \
+         tickets; run `chmod 600 {}`",
+        path.display(),
+        path.display()
+    )]
+    Exposed {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A shared key file that does not hold exactly one key.
+    #[error(
+        "seal key file {} is {len} bytes, not {KEY_BYTES}: make one with \
+         `head -c {KEY_BYTES} /dev/urandom > FILE && chmod 600 FILE` and give every replica the same file",
+        path.display()
+    )]
+    SharedLength {
         /// The key file.
         path: PathBuf,
         /// Its length.
@@ -135,6 +164,46 @@ impl Sealer {
         })
     }
 
+    /// Loads the key replicas share from `path` (`--seal-key-file`): it must exist, hold
+    /// exactly 32 bytes and be readable by its owner only. Nothing is made or changed.
+    pub fn shared(path: &Path) -> Result<Sealer, KeyError> {
+        let io = |action, source| KeyError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(|e| io("open", e))?;
+        let mode = file
+            .metadata()
+            .map_err(|e| io("stat", e))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(KeyError::Exposed {
+                path: path.to_path_buf(),
+                mode: mode & 0o777,
+            });
+        }
+        let mut bytes = Vec::with_capacity(KEY_BYTES);
+        // One byte past a key is enough to know the file is not one.
+        (&mut file)
+            .take(KEY_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io("read", e))?;
+        if bytes.len() != KEY_BYTES {
+            let len = file.metadata().map_or(bytes.len(), |m| {
+                usize::try_from(m.len()).unwrap_or(usize::MAX)
+            });
+            return Err(KeyError::SharedLength {
+                path: path.to_path_buf(),
+                len,
+            });
+        }
+        Ok(Sealer {
+            key: hmac::Key::new(hmac::HMAC_SHA256, &bytes),
+        })
+    }
+
     fn message(array_id: &str, version: &[u8], expires_at: u64) -> Vec<u8> {
         let mut m = Vec::with_capacity(DOMAIN.len() + array_id.len() + version.len() + 24);
         for part in [DOMAIN, array_id.as_bytes(), version] {
@@ -224,6 +293,46 @@ mod tests {
             sealer.check("img", &flipped, Some(b"v1"), 1_001),
             Err(GrantError::Tampered(_))
         ));
+        // A shared key: the same bytes seal alike in every replica that loads them.
+        let shared = dir.path().join("shared.key");
+        std::fs::write(&shared, [7u8; KEY_BYTES])?;
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o600))?;
+        let made_here = Sealer::shared(&shared)?.grant("img", b"v1", 1_000);
+        assert_eq!(
+            Sealer::shared(&shared)?.check("img", &made_here, Some(b"v1"), 1_001),
+            Ok(())
+        );
+        assert_eq!(
+            sealer.check("img", &made_here, Some(b"v1"), 1_001),
+            Err(GrantError::Tampered("img".to_string()))
+        );
+        let refusal = |path: &Path| {
+            Sealer::shared(path)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640))?;
+        let exposed = refusal(&shared);
+        assert!(
+            exposed.contains("mode 640") && exposed.contains("shared.key"),
+            "{exposed}"
+        );
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o400))?;
+        assert!(Sealer::shared(&shared).is_ok());
+        let long = dir.path().join("long.key");
+        std::fs::write(&long, [1u8; KEY_BYTES + 1])?;
+        std::fs::set_permissions(&long, std::fs::Permissions::from_mode(0o600))?;
+        let wrong = refusal(&long);
+        assert!(
+            wrong.contains("33 bytes, not 32") && wrong.contains("long.key"),
+            "{wrong}"
+        );
+        let missing = refusal(&dir.path().join("absent.key"));
+        assert!(
+            missing.contains("absent.key") && missing.contains("cannot open"),
+            "{missing}"
+        );
         std::fs::write(&path, b"short")?;
         assert!(
             Sealer::open(&path)

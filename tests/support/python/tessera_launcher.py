@@ -1,8 +1,9 @@
 """The one way Python code here starts `tessera serve`: the interop tests
 (tests/interop/conftest.py) and the benchmarks (benches/run.py) both use it.
 
-The server listens on 127.0.0.1:0; its address is read from the
-"listening on grpc://ADDR" log line, and every stderr line is kept in `log`.
+The server listens on 127.0.0.1:0 unless told another address; its address is
+read from the "listening on grpc://ADDR" log line, and every stderr line is kept
+in `log`.
 """
 import os
 import re
@@ -14,11 +15,11 @@ LISTENING = re.compile(r"(?<!, )listening on (grpcs?://[0-9.:]+)")
 
 
 class TesseraProcess:
-    """A running `tessera serve ARGS --listen 127.0.0.1:0`."""
+    """A running `tessera serve ARGS --listen LISTEN` (`127.0.0.1:0` by default)."""
 
-    def __init__(self, binary, args, env=None, start_timeout=60):
+    def __init__(self, binary, args, env=None, start_timeout=60, listen="127.0.0.1:0"):
         self.proc = subprocess.Popen(
-            [str(binary), "serve", *map(str, args), "--listen", "127.0.0.1:0"],
+            [str(binary), "serve", *map(str, args), "--listen", listen],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

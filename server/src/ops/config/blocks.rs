@@ -15,7 +15,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use super::value::{Cap, Duration, Reduction, Size};
+use super::value::{Cap, Duration, ExternalLocation, Reduction, Size};
 use super::{
     CacheKind, ConfigError, DEFAULT_ANNOTATION_CACHE_BYTES, DEFAULT_CACHE_MAX_BYTES,
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MEMORY_CACHE_BYTES,
@@ -122,6 +122,11 @@ settings_block! {
         /// for longest is closed for it if it has been idle this long [default: 5s].
         #[arg(long, env = "TESSERA_RECLAIM_IDLE_AFTER", value_name = "DURATION")]
         reclaim_idle_after: Duration = Duration::of(DEFAULT_RECLAIM_IDLE_AFTER),
+        /// Address other machines dial this server at, answered by `health` (e.g.
+        /// grpc://node7.cluster:8815), for dask workers on other nodes [default: the listen
+        /// address when it is one IP other than loopback, else none].
+        #[arg(long, env = "TESSERA_EXTERNAL_LOCATION", value_name = "URL")]
+        external_location: ExternalLocation,
     }
 }
 
@@ -345,6 +350,11 @@ settings_block! {
         /// table reads every page through it [default: 32MiB].
         #[arg(long, env = "TESSERA_ANNOTATION_CACHE", value_name = "SIZE")]
         annotation_cache: Size = Size::bytes(DEFAULT_ANNOTATION_CACHE_BYTES),
+        /// File of the 32-byte secret that seals ROI tickets (mode 600), shared by replicas
+        /// behind one load balancer so a plan made on one is redeemable on another
+        /// [default: state_dir/annotations/seal.key, made on first use].
+        #[arg(long, env = "TESSERA_SEAL_KEY_FILE", value_name = "FILE")]
+        seal_key_file: PathBuf,
     }
 }
 

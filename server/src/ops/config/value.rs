@@ -1,8 +1,10 @@
-//! Typed setting values: a [`Size`] in bytes, a [`Duration`] and a pyramid [`Reduction`],
+//! Typed setting values: a [`Size`] in bytes, a [`Duration`], a pyramid [`Reduction`] and
+//! the [`ExternalLocation`] `health` advertises,
 //! each parsed once where it enters (a flag, an environment variable or a config file key)
 //! by one parser, and printed back in the form that parser reads.
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -227,10 +229,162 @@ impl From<Reduction> for String {
     }
 }
 
+/// The address other machines dial this server at (`--external-location`), which `health`
+/// answers as `external_location`: a `grpc`, `grpc+tcp`, `grpc+tls` or `grpcs` URL with a
+/// host and a port and nothing else. The scheme is kept as written: a TLS-terminating
+/// proxy in front of a plain server is advertised `grpc+tls://` on purpose.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ExternalLocation(String);
+
+/// The schemes a Flight client dials.
+const FLIGHT_SCHEMES: [&str; 4] = ["grpc", "grpc+tcp", "grpc+tls", "grpcs"];
+
+impl ExternalLocation {
+    /// What a server listening on `listen` advertises when no location is configured: the
+    /// listen address when it is one IP other than loopback (`grpc+tls://` with `tls`);
+    /// none for loopback, which no other machine can dial, and for the unspecified address
+    /// (`0.0.0.0`, `::`), which names no interface (docs/decisions/0034).
+    pub fn of_listen(listen: SocketAddr, tls: bool) -> Option<ExternalLocation> {
+        let ip = listen.ip();
+        if ip.is_loopback() || ip.is_unspecified() {
+            return None;
+        }
+        let scheme = if tls { "grpc+tls" } else { "grpc" };
+        Some(ExternalLocation(format!("{scheme}://{listen}")))
+    }
+
+    /// The URL.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for ExternalLocation {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<ExternalLocation, ConfigError> {
+        let refuse = |why: &str| {
+            ConfigError::Invalid(format!(
+                "external_location '{text}' {why}: give the URL other machines dial this server \
+                 at, e.g. grpc://node7.example.org:8815 (grpc+tls:// when clients use TLS)"
+            ))
+        };
+        let url =
+            url::Url::parse(text.trim()).map_err(|e| refuse(&format!("is not a URL ({e})")))?;
+        if !FLIGHT_SCHEMES.contains(&url.scheme()) {
+            return Err(refuse(&format!(
+                "has scheme '{}', not one of {}",
+                url.scheme(),
+                FLIGHT_SCHEMES.join(", ")
+            )));
+        }
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| refuse("has no host"))?;
+        if host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_unspecified())
+        {
+            return Err(refuse(
+                "names the unspecified address, which no client can dial",
+            ));
+        }
+        if url.port().is_none() {
+            return Err(refuse("has no port"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(refuse("carries credentials"));
+        }
+        if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+            return Err(refuse(
+                "has a path, query or fragment; only scheme://host:port is dialled",
+            ));
+        }
+        Ok(ExternalLocation(
+            text.trim().trim_end_matches('/').to_string(),
+        ))
+    }
+}
+
+impl TryFrom<String> for ExternalLocation {
+    type Error = ConfigError;
+
+    fn try_from(text: String) -> Result<ExternalLocation, ConfigError> {
+        text.parse()
+    }
+}
+
+impl From<ExternalLocation> for String {
+    fn from(location: ExternalLocation) -> String {
+        location.0
+    }
+}
+
+impl fmt::Display for ExternalLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn external_locations_are_flight_urls_with_a_host_and_port() {
+        for good in [
+            "grpc://node7.example.org:8815",
+            "grpc+tls://10.1.2.3:443",
+            "grpcs://[fd00::7]:8815/",
+            "grpc+tcp://h:1",
+        ] {
+            let location: ExternalLocation = good.parse().unwrap();
+            assert_eq!(location.as_str(), good.trim_end_matches('/'));
+        }
+        for (bad, why) in [
+            ("node7:8815", "scheme 'node7'"),
+            ("http://node7:8815", "scheme 'http'"),
+            ("grpc://node7", "no port"),
+            ("grpc://0.0.0.0:8815", "unspecified"),
+            ("grpc://[::]:8815", "unspecified"),
+            ("grpc://u:p@node7:8815", "credentials"),
+            ("grpc://node7:8815/data", "path"),
+            ("grpc://:8815", "external_location"),
+            ("not a url", "is not a URL"),
+        ] {
+            let message = bad.parse::<ExternalLocation>().unwrap_err().to_string();
+            assert!(message.contains(why), "{bad}: {message}");
+            assert!(message.contains(bad), "{bad}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_listen_address_is_advertised_only_when_other_machines_can_dial_it() {
+        let of = |addr: &str, tls| {
+            ExternalLocation::of_listen(addr.parse().unwrap(), tls).map(String::from)
+        };
+        assert_eq!(
+            of("10.0.0.5:8815", false).as_deref(),
+            Some("grpc://10.0.0.5:8815")
+        );
+        assert_eq!(
+            of("10.0.0.5:8815", true).as_deref(),
+            Some("grpc+tls://10.0.0.5:8815")
+        );
+        assert_eq!(
+            of("[fd00::5]:9", false).as_deref(),
+            Some("grpc://[fd00::5]:9")
+        );
+        assert_eq!(of("127.0.0.1:8815", false), None);
+        assert_eq!(of("[::1]:8815", false), None);
+        assert_eq!(of("0.0.0.0:8815", false), None);
+        assert_eq!(of("[::]:8815", true), None);
+    }
 
     #[test]
     fn sizes_read_every_spelling_and_print_what_they_read() {

@@ -89,13 +89,18 @@ pub enum Reply {
     Stream(BoxStream<arrow_flight::Result>),
 }
 
-/// Runs the action named `kind` with `body`.
-pub async fn run(state: &Arc<ServiceState>, kind: &str, body: &[u8]) -> ServiceResult<Reply> {
+/// Runs the action named `kind` with `body`, for a peer on loopback or not (`loopback`).
+pub async fn run(
+    state: &Arc<ServiceState>,
+    kind: &str,
+    body: &[u8],
+    loopback: bool,
+) -> ServiceResult<Reply> {
     let one = match kind {
         ACTION_RESOLVE => return Ok(Reply::Stream(resolve(state, body)?)),
         ACTION_ADD_SOURCE => return Ok(Reply::Stream(add_source(state, body)?)),
         ACTION_HEALTH => json(&health(state)),
-        ACTION_CHUNK_LOCATE => json(&chunk_locate(state, body).await?),
+        ACTION_CHUNK_LOCATE => json(&chunk_locate(state, body, loopback).await?),
         ACTION_CACHE_STATS => json(&cache_stats(state)),
         ACTION_CATALOG_CHILDREN => json(&catalog_children(state, body)?),
         ACTION_REMOVE_SOURCE => remove_source(state, body),
@@ -308,18 +313,32 @@ fn health(state: &ServiceState) -> Health {
         catalog_generation: Some(state.catalog_generation()),
         server: SERVER_NAME.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
-        external_location: None,
+        external_location: state.external_location().map(str::to_string),
         cache_degraded: state.chunks().writes_paused(),
     }
 }
 
-async fn chunk_locate(state: &ServiceState, body: &[u8]) -> ServiceResult<ChunkLocateReply> {
+/// Where the chunk of `body`'s ticket lives in a segment file, for a peer on this machine.
+/// A peer elsewhere (a replica behind a balancer, a client on another node) is sent to
+/// DoGet before anything is decoded: the path would name a file it cannot see, or worse,
+/// another file of the same name on its own machine (docs/decisions/0034).
+async fn chunk_locate(
+    state: &ServiceState,
+    body: &[u8],
+    loopback: bool,
+) -> ServiceResult<ChunkLocateReply> {
     let chunk_id = match decode_ticket(body).map_err(|e| RequestError::ChunkLocateBody {
         source: Arc::new(e),
     })? {
         TicketPayload::ChunkId(id) => id,
         _ => return Err(RequestError::ChunkLocateTicket.into()),
     };
+    if !loopback {
+        return Ok(ChunkLocateReply::unavailable(
+            "chunk_locate answers clients on this server's machine only (the call came from \
+             another address, which cannot map this server's files): read the chunk with DoGet",
+        ));
+    }
     Ok(match state.read_path().locate_chunk(&chunk_id).await? {
         LocateOutcome::Located(location) => {
             state.metrics().record_located_bytes(location.byte_length);

@@ -376,8 +376,10 @@ impl FlightService for TesseraFlight {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        let loopback = Peer::of(request.extensions()).is_some_and(Peer::is_loopback);
         let action = request.into_inner();
-        let stream = match actions::run(&self.state, &action.r#type, &action.body).await? {
+        let stream = match actions::run(&self.state, &action.r#type, &action.body, loopback).await?
+        {
             actions::Reply::One(body) => once(vec![arrow_flight::Result::new(body)]),
             actions::Reply::Stream(stream) => stream,
         };
