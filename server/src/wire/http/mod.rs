@@ -40,6 +40,7 @@ use tokio::net::TcpListener;
 pub use listener::{HttpLimits, HttpListener};
 
 use crate::error::ServiceError;
+use crate::source::sources::LookupError;
 use crate::state::ServiceState;
 use crate::wire::flight::auth::TokenCheck;
 
@@ -88,8 +89,19 @@ impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let (status, detail) = match self {
             Self::Service(err) => {
-                let status = tonic::Status::from(err);
-                (http_status(status.code()), status.message().to_string())
+                let detail = err.to_string();
+                let status = match &err {
+                    ServiceError::Lookup(
+                        LookupError::UnknownSource(_)
+                        | LookupError::UnknownField { .. }
+                        | LookupError::NoTensorsYet(_),
+                    ) => StatusCode::NOT_FOUND,
+                    _ if matches!(err.clone().into_value_error(), ServiceError::Value(_)) => {
+                        StatusCode::UNPROCESSABLE_ENTITY
+                    }
+                    _ => http_status(tonic::Status::from(err).code()),
+                };
+                (status, detail)
             }
             Self::NotFound(text) => (StatusCode::NOT_FOUND, text),
             Self::Invalid(text) => (StatusCode::UNPROCESSABLE_ENTITY, text),
@@ -118,7 +130,7 @@ fn http_status(code: tonic::Code) -> StatusCode {
         Code::Unavailable | Code::ResourceExhausted => StatusCode::SERVICE_UNAVAILABLE,
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        Code::Internal | Code::Unknown | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+        Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
