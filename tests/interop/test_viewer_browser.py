@@ -5,6 +5,7 @@ pattern; the channel overlay, an annotation and the scale bar too. A screenshot 
 is kept under target/test-artifacts/. Without a browser the test skips, and fails under
 CI=true."""
 import json
+import math
 import os
 import pathlib
 import sys
@@ -56,7 +57,7 @@ def drawn(browser, **expected):
     checks = " && ".join(f"d.{k} === {json.dumps(v)}" for k, v in expected.items())
     return json.loads(
         browser.wait_for(
-            "(() => { const s = document.body.dataset.drawn; if (!s) return null; "
+            "(() => { const s = document.body && document.body.dataset.drawn; if (!s) return null; "
             f"const d = JSON.parse(s); return ({checks}) ? s : null; }})()"
         )
     )
@@ -75,7 +76,9 @@ def sample_points(browser, state, step):
     (full-resolution coordinates of the level pixel's first element) each shows."""
     w, h = browser.evaluate("[document.getElementById('canvas').width, document.getElementById('canvas').height]")
     zoom, scale = state["zoom"], 2 ** state["level"]
-    x0, y0 = state["cx"] - w / (2 * zoom), state["cy"] - h / (2 * zoom)
+    # The page's corner, snapped to whole screen pixels as it draws.
+    x0 = math.floor((state["cx"] - w / (2 * zoom)) * zoom + 0.5) / zoom  # JS Math.round
+    y0 = math.floor((state["cy"] - h / (2 * zoom)) * zoom + 0.5) / zoom
     points = []
     for sy in range(5, h - 5, 37):
         for sx in range(5, w - 5, 41):
@@ -84,7 +87,7 @@ def sample_points(browser, state, step):
             inside = 0 <= fx < SHAPE[3] and 0 <= fy < SHAPE[2]
             if inside and 0.2 < lx % 1 < 0.8 and 0.2 < ly % 1 < 0.8:
                 points.append(((sx, sy), (int(lx) * scale, int(ly) * scale)))
-    assert len(points) > 50
+    assert len(points) > 20, (json.dumps(state), w, h)
     return points[::step]
 
 
@@ -140,7 +143,7 @@ def test_channel_overlay_annotations_and_scale_bar(viewer, browser):
         assert rgb == [gray(whole[0, 1, y, x], 0, 65535), gray(whole[1, 1, y, x], 0, 65535), 0], (screen, (x, y), rgb)
     # The rectangle's top edge (image y=100) is drawn in yellow.
     w, h = browser.evaluate("[document.getElementById('canvas').width, document.getElementById('canvas').height]")
-    x0, y0 = 550 - w / 2, 350 - h / 2
+    x0, y0 = math.floor(550 - w / 2 + 0.5), math.floor(350 - h / 2 + 0.5)
     edge = pixels(browser, [[int(300 - x0), int(100 - y0)]])[0]
     assert edge[0] > 200 and edge[1] > 200 and edge[2] < 80, edge
     # One screen pixel is 0.25 um at zoom 1: the bar is a round length under 120 px.

@@ -177,7 +177,9 @@ async function render() {
   const lv = info.levels[L];
   const span = info.tile_size * lv.scale;
   const W = canvas.width, H = canvas.height, zoom = state.zoom;
-  const x0 = state.cx - W / (2 * zoom), y0 = state.cy - H / (2 * zoom);
+  // The view's corner in image pixels, snapped so tiles land on whole screen pixels.
+  const x0 = Math.round((state.cx - W / (2 * zoom)) * zoom) / zoom;
+  const y0 = Math.round((state.cy - H / (2 * zoom)) * zoom) / zoom;
   const cols = [Math.max(0, Math.floor(x0 / span)), Math.min(lv.cols - 1, Math.floor((x0 + W / zoom) / span))];
   const rows = [Math.max(0, Math.floor(y0 / span)), Math.min(lv.rows - 1, Math.floor((y0 + H / zoom) / span))];
   const sels = selections();
