@@ -156,7 +156,7 @@ def test_channel_overlay_annotations_and_scale_bar(viewer, browser):
 def test_the_catalog_tree_opens_a_tensor(viewer, browser):
     _, base = viewer
     browser.goto(f"{base}/")
-    browser.wait_for("document.querySelector('#tree .source')")
+    browser.wait_for("!!document.querySelector('#tree .folder, #tree .source')")
     browser.evaluate(
         "(() => { const folders = [...document.querySelectorAll('#tree .folder')];"
         " folders.forEach(f => f.click()); return true; })()"
