@@ -15,7 +15,6 @@ use crate::metrics::{Metered, Metrics};
 use crate::ops::config::blocks::{CacheValues, WritesValues};
 use crate::ops::config::{CacheKind, Settings};
 use crate::ops::scrape::MetricsServer;
-use crate::wire::http::HttpServer;
 use crate::ops::watch::Watcher;
 use crate::rois::{Annotations, RoiLimits};
 use crate::source::ids::IdBook;
@@ -27,6 +26,7 @@ use crate::uploads::Uploads;
 use crate::wire::flight::TesseraFlight;
 use crate::wire::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::wire::flight::chunk_get::ChunkGet;
+use crate::wire::http::HttpServer;
 use crate::wire::listener::{Admission, CountCalls, incoming};
 use crate::wire::tls::TlsIdentity;
 
@@ -230,8 +230,7 @@ impl Daemon {
         };
         let http_server = match http {
             Some((addr, configured)) => {
-                match HttpServer::bind(addr, settings.operations.http_limits(), token.clone())
-                    .await
+                match HttpServer::bind(addr, settings.operations.http_limits(), token.clone()).await
                 {
                     Ok(server) => Some(server),
                     Err(source) if configured => {

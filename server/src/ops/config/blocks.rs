@@ -29,15 +29,15 @@ use crate::grid::route::LoopbackPlans;
 use crate::grid::scaled::pyramid::PyramidPolicy;
 use crate::grid::{DEFAULT_MAPPED_CHUNK_BYTES, DEFAULT_TARGET_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::ops::scrape::{DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_TIMEOUT, ScrapeLimits};
-use crate::wire::http::{
-    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_PORT, DEFAULT_HTTP_TIMEOUT, HttpLimits,
-};
 use crate::ops::watch::DEFAULT_WATCH_INTERVAL;
 use crate::source::npy::handles::DEFAULT_MAX_OPEN;
 use crate::source::registry::DEFAULT_MAX_SOURCES;
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
 use crate::unread::UnreadLimits;
 use crate::uploads::{MAX_IN_FLIGHT_LIMIT, UploadLimits};
+use crate::wire::http::{
+    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_PORT, DEFAULT_HTTP_TIMEOUT, HttpLimits,
+};
 
 /// Declares a block of settings: `$name` (every field `Option<T>`, the flags, environment
 /// variables and file keys) and `$values` (each field `T` where a default is written after
@@ -471,7 +471,10 @@ impl OperationsValues {
         match self.http_listen {
             Some(HttpListen::Off) => None,
             Some(HttpListen::At(addr)) => Some((addr, true)),
-            None => Some((SocketAddr::from((Ipv4Addr::LOCALHOST, DEFAULT_HTTP_PORT)), false)),
+            None => Some((
+                SocketAddr::from((Ipv4Addr::LOCALHOST, DEFAULT_HTTP_PORT)),
+                false,
+            )),
         }
     }
 

@@ -107,8 +107,9 @@ async fn serve_slice(
         values
             .iter()
             .map(|&v| {
-                u64::try_from(v)
-                    .map_err(|_| HttpError::Invalid(format!("{name} {values:?} has a negative bound")))
+                u64::try_from(v).map_err(|_| {
+                    HttpError::Invalid(format!("{name} {values:?} has a negative bound"))
+                })
             })
             .collect()
     };
@@ -180,7 +181,9 @@ pub async fn tree(State(api): State<Arc<Api>>, uri: Uri, headers: HeaderMap) -> 
     .await;
     let body = match level {
         Ok(body) => body.to_string(),
-        Err(e) => return HttpError::Internal(format!("listing the tree failed: {e}")).into_response(),
+        Err(e) => {
+            return HttpError::Internal(format!("listing the tree failed: {e}")).into_response();
+        }
     };
     let etag = format!(
         "\"{}\"",
@@ -226,11 +229,7 @@ fn descriptor(state: &ServiceState, source_id: &str) -> serde_json::Value {
 /// `GET /api/rois/{array_id}?set=`: the tensor's annotations (every client-owned set, or
 /// one), in proto3 JSON field names; the geometry as stored (canonical proto3 JSON of
 /// `biopb.image.ROI`).
-pub async fn rois(
-    State(api): State<Arc<Api>>,
-    Path(array_id): Path<String>,
-    uri: Uri,
-) -> Response {
+pub async fn rois(State(api): State<Arc<Api>>, Path(array_id): Path<String>, uri: Uri) -> Response {
     let set = url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
         .find(|(k, _)| k == "set")
         .map(|(_, v)| v.into_owned())

@@ -64,6 +64,7 @@ pub fn encode(bytes: &[u8], codings: &[Coding]) -> Option<(Coding, Vec<u8>)> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

@@ -70,7 +70,9 @@ pub enum HttpError {
     #[error("{0}")]
     Gone(String),
     /// A read larger than one answer may be (413).
-    #[error("{what} is over the {max} bytes one HTTP read answers; ask a smaller region or a coarser scale")]
+    #[error(
+        "{what} is over the {max} bytes one HTTP read answers; ask a smaller region or a coarser scale"
+    )]
     TooLarge {
         /// The read.
         what: String,
@@ -198,7 +200,10 @@ fn router(api: Arc<Api>) -> Router {
         .route("/api/tile/{*array_id}", get(tiles::tile))
         .route("/api/slice", post(api::slice))
         .route("/api/rois/{*array_id}", get(api::rois))
-        .layer(axum::middleware::from_fn_with_state(api.clone(), require_token));
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            require_token,
+        ));
     Router::new()
         .route("/livez", get(api::livez))
         .route("/readyz", get(api::readyz))

@@ -75,8 +75,16 @@ pub async fn read(
     let scale = plan::requested_scale(&tensor, &request)?;
     let (start, stop) = match &request.slice_hint {
         Some(slice) => (
-            slice.start.iter().map(|&v| v.max(0) as u64).collect::<Vec<_>>(),
-            slice.stop.iter().map(|&v| v.max(0) as u64).collect::<Vec<_>>(),
+            slice
+                .start
+                .iter()
+                .map(|&v| v.max(0) as u64)
+                .collect::<Vec<_>>(),
+            slice
+                .stop
+                .iter()
+                .map(|&v| v.max(0) as u64)
+                .collect::<Vec<_>>(),
         ),
         None => (vec![0; tensor.shape().len()], tensor.shape().to_vec()),
     };
@@ -92,11 +100,13 @@ pub async fn read(
         start: start.clone(),
         stop: stop.clone(),
     };
-    let realized = grid.snap(&region).map_err(|source| RequestError::Slice {
-        array_id: tensor.array_id.clone(),
-        source,
-    })
-    .map_err(ServiceError::from)?;
+    let realized = grid
+        .snap(&region)
+        .map_err(|source| RequestError::Slice {
+            array_id: tensor.array_id.clone(),
+            source,
+        })
+        .map_err(ServiceError::from)?;
     // The answer's box in the reduced frame (a cell of a scaled grid starts at a multiple
     // of the scale, so the box floors its start and ceils its stop, as a Flight client's
     // crop does).
@@ -129,24 +139,33 @@ pub async fn read(
         .map(|cell| {
             match &scale {
                 None => ChunkId::new(&tensor.array_id, tensor.version, cell.clone()),
-                Some(scale) => {
-                    ChunkId::scaled(&tensor.array_id, tensor.version, cell.clone(), scale.clone())
-                }
+                Some(scale) => ChunkId::scaled(
+                    &tensor.array_id,
+                    tensor.version,
+                    cell.clone(),
+                    scale.clone(),
+                ),
             }
             .map(|id| id.encode())
             .map_err(|e| HttpError::from(ServiceError::from(Fault::ChunkId(e))))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut out = vec![0u8; total as usize];
-    let mut chunks = futures::stream::iter(ids.into_iter().map(move |id| async move {
-        state.read_path().encoded_chunk(&id, false).await
-    }))
+    let mut chunks = futures::stream::iter(
+        ids.into_iter()
+            .map(move |id| async move { state.read_path().encoded_chunk(&id, false).await }),
+    )
     .buffered(CHUNKS_AT_ONCE)
     .enumerate();
     while let Some((at, chunk)) = chunks.next().await {
         let chunk = chunk?;
         let cell = &cells[at];
-        let cell_lo: Vec<u64> = cell.start.iter().zip(&factors).map(|(&s, &f)| s / f).collect();
+        let cell_lo: Vec<u64> = cell
+            .start
+            .iter()
+            .zip(&factors)
+            .map(|(&s, &f)| s / f)
+            .collect();
         let cell_hi: Vec<u64> = cell
             .stop
             .iter()
@@ -245,7 +264,13 @@ fn strides(shape: &[u64]) -> Vec<u64> {
 
 /// Copies a box of `extent` from `src` into `dst` (shape, box start), one run of the last
 /// axis at a time.
-fn copy_box(src: Side<'_>, dst: &mut [u8], (dst_shape, dst_at): (&[u64], &[u64]), extent: &[u64], item: usize) {
+fn copy_box(
+    src: Side<'_>,
+    dst: &mut [u8],
+    (dst_shape, dst_at): (&[u64], &[u64]),
+    extent: &[u64],
+    item: usize,
+) {
     let rank = extent.len();
     if rank == 0 {
         dst[..item].copy_from_slice(&src.bytes[..item]);
@@ -326,6 +351,7 @@ fn to_little_endian(bytes: &mut [u8], dtype: &crate::source::npy::Dtype) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

@@ -159,10 +159,7 @@ fn named_axes(labels: &[String], plane: &Plane) -> [(&'static str, Option<usize>
 /// The version token of a tensor's content: 8 hex digits of the SHA-256 of its content
 /// version, which the HTTP-only array id `source@token[/field]` carries.
 pub fn version_token(tensor: &Tensor) -> String {
-    let digest = ring::digest::digest(
-        &ring::digest::SHA256,
-        &plan::version_bytes(tensor.version),
-    );
+    let digest = ring::digest::digest(&ring::digest::SHA256, &plan::version_bytes(tensor.version));
     hex8(digest.as_ref())
 }
 
@@ -303,9 +300,9 @@ fn parse_query(uri: &Uri) -> Result<TileQuery, HttpError> {
         ..Default::default()
     };
     let number = |key: &str, value: &str| {
-        value.parse::<u64>().map_err(|_| {
-            HttpError::Invalid(format!("{key}={value} is not a non-negative integer"))
-        })
+        value
+            .parse::<u64>()
+            .map_err(|_| HttpError::Invalid(format!("{key}={value} is not a non-negative integer")))
     };
     for (key, value) in url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
         match key.as_ref() {
@@ -325,10 +322,13 @@ fn parse_query(uri: &Uri) -> Result<TileQuery, HttpError> {
                 }
             }
             "sel" => {
-                let (axis, index) = value.split_once(':').ok_or_else(|| {
-                    HttpError::Invalid(format!("sel={value} is not AXIS:INDEX"))
-                })?;
-                q.sel.push((number("sel axis", axis)? as usize, number("sel index", index)?));
+                let (axis, index) = value
+                    .split_once(':')
+                    .ok_or_else(|| HttpError::Invalid(format!("sel={value} is not AXIS:INDEX")))?;
+                q.sel.push((
+                    number("sel axis", axis)? as usize,
+                    number("sel index", index)?,
+                ));
             }
             "reduction_method" => q.method = Some(value.into_owned()),
             "fmt" => q.fmt = Some(value.into_owned()),
@@ -340,7 +340,11 @@ fn parse_query(uri: &Uri) -> Result<TileQuery, HttpError> {
 
 /// The index chosen on every axis outside the plane: `t`/`z`/`c` where the labels name
 /// the axis, `sel` where they do not, 0 elsewhere; each checked against its axis.
-fn selection(tensor: &Tensor, plane: &Plane, q: &TileQuery) -> Result<Vec<(usize, u64)>, HttpError> {
+fn selection(
+    tensor: &Tensor,
+    plane: &Plane,
+    q: &TileQuery,
+) -> Result<Vec<(usize, u64)>, HttpError> {
     let shape = tensor.shape();
     let named = named_axes(&tensor.dim_labels, plane);
     let mut chosen: Vec<Option<u64>> = vec![None; shape.len()];
@@ -389,7 +393,12 @@ fn selection(tensor: &Tensor, plane: &Plane, q: &TileQuery) -> Result<Vec<(usize
 
 /// How a level is read: the scale hint and method sent down the request path, and the
 /// decimation left to do here.
-fn level_read(state: &ServiceState, tensor: &Tensor, plane: &Plane, scale: u64) -> (Vec<i64>, String, u64) {
+fn level_read(
+    state: &ServiceState,
+    tensor: &Tensor,
+    plane: &Plane,
+    scale: u64,
+) -> (Vec<i64>, String, u64) {
     if scale == 1 {
         return (Vec::new(), String::new(), 1);
     }
@@ -479,13 +488,19 @@ async fn serve_tile(
         grid.edge,
         method
     );
-    let etag = hex(ring::digest::digest(&ring::digest::SHA256, identity.as_bytes()).as_ref())
-        [..32]
+    let etag = hex(ring::digest::digest(&ring::digest::SHA256, identity.as_bytes()).as_ref())[..32]
         .to_string();
-    let codings = encoding::accepted(headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok()));
+    let codings = encoding::accepted(
+        headers
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    );
     let cache_control = if versioned { IMMUTABLE } else { REVALIDATE };
     let mut common = HeaderMap::new();
-    common.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache_control));
+    common.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static(cache_control),
+    );
     common.insert(
         header::VARY,
         HeaderValue::from_static("Authorization, Accept-Encoding"),
@@ -553,7 +568,10 @@ fn matching_etag(headers: &HeaderMap, etag: &str) -> Option<String> {
         .map(str::trim)
         .find(|tag| {
             let bare = tag.trim_start_matches("W/").trim_matches('"');
-            bare == etag || bare.strip_prefix(etag).is_some_and(|rest| rest.starts_with('-'))
+            bare == etag
+                || bare
+                    .strip_prefix(etag)
+                    .is_some_and(|rest| rest.starts_with('-'))
         })
         .map(str::to_string)
 }
@@ -618,6 +636,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn labels(names: &[&str]) -> Vec<String> {
@@ -638,8 +657,14 @@ mod tests {
     #[test]
     fn an_etag_matches_its_encoded_representations_only() {
         let mut headers = HeaderMap::new();
-        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"abc-zstd\""));
-        assert_eq!(matching_etag(&headers, "abc").as_deref(), Some("\"abc-zstd\""));
+        headers.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"abc-zstd\""),
+        );
+        assert_eq!(
+            matching_etag(&headers, "abc").as_deref(),
+            Some("\"abc-zstd\"")
+        );
         assert!(matching_etag(&headers, "ab").is_none());
     }
 }
