@@ -28,6 +28,7 @@ use crate::uploads::Uploads;
 use crate::wire::flight::TesseraFlight;
 use crate::wire::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::wire::flight::chunk_get::ChunkGet;
+use crate::wire::http::HttpServer;
 use crate::wire::listener::{Admission, CountCalls, incoming};
 use crate::wire::tls::TlsIdentity;
 
@@ -68,6 +69,20 @@ pub enum DaemonError {
          --metrics-listen 127.0.0.1:PORT"
     )]
     MetricsExposedWithoutToken(SocketAddr),
+    /// Serving the HTTP API on a non-loopback address without a token.
+    #[error(
+        "refusing to serve the HTTP API on {0} without a token: anyone who can reach it could \
+         read every source. Set one with --token TOKEN or TESSERA_TOKEN, or use \
+         --http-listen 127.0.0.1:PORT (or off)"
+    )]
+    HttpExposedWithoutToken(SocketAddr),
+    /// Serving plain HTTP beyond loopback beside a TLS Flight listener.
+    #[error(
+        "refusing to serve the HTTP API on {0} in plain HTTP while Flight uses TLS: the token \
+         would cross the network in the clear. Use --http-listen 127.0.0.1:PORT behind a TLS \
+         proxy, or off"
+    )]
+    HttpPlainBesideTls(SocketAddr),
     /// The token has the wrong form.
     #[error("{0}")]
     BadToken(#[from] crate::wire::flight::auth::BadToken),
@@ -113,6 +128,7 @@ pub struct Daemon {
     token: Option<String>,
     tls: Option<TlsIdentity>,
     metrics_server: Option<MetricsServer>,
+    http_server: Option<HttpServer>,
     watcher: Option<Watcher>,
 }
 
@@ -130,6 +146,17 @@ impl Daemon {
             && !addr.ip().is_loopback()
         {
             return Err(DaemonError::MetricsExposedWithoutToken(addr));
+        }
+        let http = settings.operations.http_address();
+        if let Some((addr, _)) = http
+            && !addr.ip().is_loopback()
+        {
+            if token.is_none() {
+                return Err(DaemonError::HttpExposedWithoutToken(addr));
+            }
+            if settings.tls.is_some() {
+                return Err(DaemonError::HttpPlainBesideTls(addr));
+            }
         }
         let tls = match &settings.tls {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
@@ -222,8 +249,29 @@ impl Daemon {
             ),
             None => None,
         };
+        let http_server = match http {
+            Some((addr, configured)) => {
+                match HttpServer::bind(addr, settings.operations.http_limits(), token.clone()).await
+                {
+                    Ok(server) => Some(server),
+                    Err(source) if configured => {
+                        return Err(DaemonError::Bind { addr, source });
+                    }
+                    Err(err) => {
+                        tracing::info!(
+                            error = %err,
+                            "HTTP API not served: the default address {addr} is taken \
+                             (choose one with --http-listen ADDR, or --http-listen off)"
+                        );
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
         Ok(Daemon {
             listener,
+            http_server,
             admission: Admission {
                 seats: settings.seat_limits(),
                 handshake_timeout: settings.listener.handshake_timeout.get(),
@@ -279,6 +327,12 @@ impl Daemon {
                 tracing::info!("metrics on http://{at}/metrics");
             }
             side_tasks.push(tokio::spawn(metrics.run(self.state.clone())));
+        }
+        if let Some(http) = self.http_server {
+            if let Ok(at) = http.local_addr() {
+                tracing::info!("viewer and HTTP API on http://{at}/");
+            }
+            side_tasks.push(tokio::spawn(http.run(self.state.clone())));
         }
         side_tasks.push(tokio::spawn(self.state.unread().clone().run_reaper()));
         if let Some(watcher) = self.watcher {

@@ -15,7 +15,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use super::value::{Cap, Duration, ExternalLocation, Reduction, Size};
+use super::value::{Cap, Duration, ExternalLocation, HttpListen, Reduction, Size};
 use super::{
     CacheKind, ConfigError, DEFAULT_ANNOTATION_CACHE_BYTES, DEFAULT_CACHE_MAX_BYTES,
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MEMORY_CACHE_BYTES,
@@ -35,6 +35,9 @@ use crate::source::registry::DEFAULT_MAX_SOURCES;
 use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
 use crate::unread::UnreadLimits;
 use crate::uploads::{MAX_IN_FLIGHT_LIMIT, UploadLimits};
+use crate::wire::http::{
+    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_PORT, DEFAULT_HTTP_TIMEOUT, HttpLimits,
+};
 
 /// Declares a block of settings: `$name` (every field `Option<T>`, the flags, environment
 /// variables and file keys) and `$values` (each field `T` where a default is written after
@@ -422,7 +425,7 @@ impl WritesValues {
 }
 
 settings_block! {
-    /// Operations: the Prometheus endpoint and the log format.
+    /// Operations: the Prometheus endpoint, the HTTP API and the log format.
     #[command(next_help_heading = "Operations")]
     pub struct Operations => OperationsValues {
         /// Serve Prometheus metrics as text on http://ADDR/metrics.
@@ -436,6 +439,17 @@ settings_block! {
         /// finished or not [default: 10s].
         #[arg(long, env = "TESSERA_METRICS_TIMEOUT", value_name = "DURATION")]
         metrics_timeout: Duration = Duration::of(DEFAULT_METRICS_TIMEOUT),
+        /// Serve the HTTP API and the viewer page on http://ADDR/, or `off` [default:
+        /// 127.0.0.1:8817, skipped with a warning when that port is taken].
+        #[arg(long, env = "TESSERA_HTTP_LISTEN", value_name = "ADDR|off")]
+        http_listen: HttpListen,
+        /// Connections to the HTTP API held at once; more are closed as they arrive
+        /// [default: 256].
+        #[arg(long, env = "TESSERA_HTTP_MAX_CONNECTIONS", value_name = "N")]
+        http_max_connections: usize = DEFAULT_HTTP_MAX_CONNECTIONS,
+        /// Longest one HTTP request may take [default: 120s].
+        #[arg(long, env = "TESSERA_HTTP_TIMEOUT", value_name = "DURATION")]
+        http_timeout: Duration = Duration::of(DEFAULT_HTTP_TIMEOUT),
         /// Log line format; its flag, `--log-format` (`TESSERA_LOG_FORMAT`), is the binary's
         /// own and wins over the file.
         #[arg(skip)]
@@ -446,12 +460,40 @@ settings_block! {
 impl OperationsValues {
     /// Refuses a metrics endpoint that would refuse every scrape.
     pub fn check(&self) -> Result<(), ConfigError> {
+        if self.http_max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "http_max_connections 0 would refuse every HTTP request; use at least 1"
+                    .to_string(),
+            ));
+        }
         if self.metrics_max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "metrics_max_connections 0 would refuse every scrape; use at least 1".to_string(),
             ));
         }
         Ok(())
+    }
+
+    /// Where the HTTP API listens, and whether that address was configured (a default
+    /// port that is taken is skipped with a warning, a configured one fails the start);
+    /// `None`: off.
+    pub fn http_address(&self) -> Option<(SocketAddr, bool)> {
+        match self.http_listen {
+            Some(HttpListen::Off) => None,
+            Some(HttpListen::At(addr)) => Some((addr, true)),
+            None => Some((
+                SocketAddr::from((Ipv4Addr::LOCALHOST, DEFAULT_HTTP_PORT)),
+                false,
+            )),
+        }
+    }
+
+    /// The bounds on the HTTP API these settings give.
+    pub fn http_limits(&self) -> HttpLimits {
+        HttpLimits {
+            max_connections: self.http_max_connections,
+            timeout: self.http_timeout.get(),
+        }
     }
 
     /// The bounds on the `/metrics` endpoint's connections these settings give.

@@ -63,6 +63,54 @@ impl fmt::Display for Size {
     }
 }
 
+/// Where the HTTP API listens: an address, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum HttpListen {
+    /// No HTTP API.
+    Off,
+    /// Listen on this address.
+    At(std::net::SocketAddr),
+}
+
+impl FromStr for HttpListen {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<HttpListen, ConfigError> {
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(HttpListen::Off);
+        }
+        text.parse().map(HttpListen::At).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "http_listen {text:?} is neither an address (127.0.0.1:8817) nor `off`"
+            ))
+        })
+    }
+}
+
+impl TryFrom<String> for HttpListen {
+    type Error = ConfigError;
+
+    fn try_from(text: String) -> Result<HttpListen, ConfigError> {
+        text.parse()
+    }
+}
+
+impl From<HttpListen> for String {
+    fn from(listen: HttpListen) -> String {
+        listen.to_string()
+    }
+}
+
+impl fmt::Display for HttpListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpListen::Off => f.write_str("off"),
+            HttpListen::At(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
 /// A time span, written `2s`, `500ms`, `1.5s`, `1m`, `1h` or a bare number of seconds; zero
 /// is refused ([`tessera_proto::units::parse_duration`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]

@@ -353,7 +353,7 @@ fn end_chunks(tensor: &Tensor, grid: &ChunkGrid, realized: &Region) -> Option<(C
 
 /// The levels the descriptor advertises: level 0 (native) and the computed ones (none for
 /// a source that serves full resolution only).
-fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel> {
+pub fn pyramid_levels(tensor: &Tensor, pyramid: &PyramidPolicy) -> Vec<PyramidLevel> {
     let levels = match tensor.source.scaling() {
         Scaling::Computed => pyramid.levels(tensor.shape(), &tensor.dim_labels),
         Scaling::FullOnly { .. } => vec![vec![1; tensor.shape().len()]],
