@@ -230,9 +230,10 @@ const COARSE_OVERREAD: u64 = 4;
 
 /// The grid a plan of `requested` (`None`: the whole tensor) on `route` is cut on: the
 /// route's (decision 0015), except that a mapped plan of a region whose coarse cells cover
-/// more than [`COARSE_OVERREAD`] times the fine cells it needs is cut on the fine grid. A
-/// viewer's window of a large plane then costs about the window on either route, not a
-/// 64 MiB cell decoded for a 512² tile; whole reads and large slices keep the coarse grid.
+/// more than [`COARSE_OVERREAD`] times the fine cells it needs, and must be decoded (not one
+/// byte range of the source), is cut on the fine grid. A viewer's window of a tiled TIFF
+/// then costs its tiles, not a 64 MiB cell of 128 of them decoded for a 512² window; whole
+/// reads and large slices keep the coarse grid.
 fn grid_for<'t>(tensor: &'t Tensor, route: Route, requested: Option<&Region>) -> &'t ChunkGrid {
     match (route, requested) {
         (Route::Socket, _) => &tensor.grid,
@@ -242,13 +243,19 @@ fn grid_for<'t>(tensor: &'t Tensor, route: Route, requested: Option<&Region>) ->
 }
 
 /// Whether the coarse cells holding `region` cover more than [`COARSE_OVERREAD`] times the
-/// elements of the fine cells holding it.
+/// elements of the fine cells holding it, and are not one byte range of the source: such a
+/// range is copied inside the kernel, and on a cold disk one long read of a band costs less
+/// than the row-by-row gather of the tiles in it (a `.npy` file).
 fn overreads(tensor: &Tensor, region: &Region) -> bool {
+    let Ok(coarse) = tensor.mapped_grid.snap(region) else {
+        return false;
+    };
     let covered = |grid: &ChunkGrid| grid.snap(region).ok()?.num_elements();
-    match (covered(&tensor.mapped_grid), covered(&tensor.grid)) {
+    let wider = match (coarse.num_elements(), covered(&tensor.grid)) {
         (Some(coarse), Some(fine)) => coarse > fine.saturating_mul(COARSE_OVERREAD),
         _ => false,
-    }
+    };
+    wider && !matches!(tensor.source.byte_range(&coarse), Ok(Some(_)))
 }
 
 /// Builds the FlightInfo answering `request` (whose serialized bytes are `request_bytes`),
