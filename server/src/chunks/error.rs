@@ -44,7 +44,9 @@ pub enum ChunkError {
         source: Arc<SourceError>,
     },
     /// The source's bytes live on a server that cannot be reached now (an upstream).
-    #[error("source '{source_id}' cannot be read now: {source}; chunks already cached are still served")]
+    #[error(
+        "source '{source_id}' cannot be read now: {source}; chunks already cached are still served"
+    )]
     SourceUnreachable {
         /// The source read.
         source_id: String,

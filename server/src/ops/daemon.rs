@@ -21,9 +21,9 @@ use crate::source::ids::IdBook;
 use crate::source::npy::Limits;
 use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
-use crate::upstream::{Upstream, UpstreamError};
 use crate::state_dir::{StateDir, StateDirError};
 use crate::uploads::Uploads;
+use crate::upstream::{Upstream, UpstreamError};
 use crate::wire::flight::TesseraFlight;
 use crate::wire::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::wire::flight::chunk_get::ChunkGet;
@@ -543,7 +543,10 @@ fn open_upstreams(settings: &Settings) -> Result<Vec<Arc<Upstream>>, DaemonError
     }
     let read = |path: &std::path::Path, what: &str| {
         std::fs::read(path).map_err(|e| {
-            UpstreamError::Credentials(format!("cannot read the upstream {what} {}: {e}", path.display()))
+            UpstreamError::Credentials(format!(
+                "cannot read the upstream {what} {}: {e}",
+                path.display()
+            ))
         })
     };
     let token = match &settings.sources.upstream_token_file {
@@ -552,7 +555,9 @@ fn open_upstreams(settings: &Settings) -> Result<Vec<Arc<Upstream>>, DaemonError
                 .trim()
                 .to_string(),
         ),
-        None => std::env::var(UPSTREAM_TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+        None => std::env::var(UPSTREAM_TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.is_empty()),
     };
     let ca = match &settings.sources.upstream_ca_file {
         Some(path) => Some(read(path, "CA file")?),
@@ -603,7 +608,11 @@ async fn sync_upstream(upstream: &Upstream, state: &ServiceState, first: bool) -
 
 /// Looks at what `upstream` serves every `poll`, so a changed upstream tensor gets new
 /// chunk ids within it (docs/decisions/0034).
-async fn follow_upstream(upstream: Arc<Upstream>, state: Arc<ServiceState>, poll: std::time::Duration) {
+async fn follow_upstream(
+    upstream: Arc<Upstream>,
+    state: Arc<ServiceState>,
+    poll: std::time::Duration,
+) {
     let mut reachable = true;
     loop {
         tokio::time::sleep(poll).await;

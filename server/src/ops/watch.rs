@@ -134,7 +134,10 @@ fn held_identities(registry: &Registry) -> HashMap<PathBuf, FileVersion> {
         .filter(|t| t.origin == Origin::Configured)
         .filter_map(|t| Some((t.source.path().to_path_buf(), t.version.file()?)))
         .collect();
-    for refused in registry.refused().filter(|r| r.origin == Origin::Configured) {
+    for refused in registry
+        .refused()
+        .filter(|r| r.origin == Origin::Configured)
+    {
         if let Some(id) = registry.refused_identity(&refused.source_id) {
             held.insert(refused.path.clone(), id);
         }

@@ -43,7 +43,9 @@ impl UpstreamAddress {
             return Err(bad("it names no port (grpc://host:port)"));
         };
         if host.is_empty() || port.parse::<u16>().is_err() {
-            return Err(bad("its host is empty or its port is not a number up to 65535"));
+            return Err(bad(
+                "its host is empty or its port is not a number up to 65535",
+            ));
         }
         let path = path.trim_end_matches('/');
         if path.contains('/') {
@@ -86,7 +88,13 @@ mod tests {
         assert!(one.tls);
         assert_eq!(one.source.as_deref(), Some("cells"));
         assert_eq!(one.url_of("cells"), "grpc+tls://10.0.0.1:9000/cells");
-        for bad in ["http://h:1", "grpc://h", "grpc://:1", "grpc://h:x", "grpc://h:1/a/b"] {
+        for bad in [
+            "http://h:1",
+            "grpc://h",
+            "grpc://:1",
+            "grpc://h:x",
+            "grpc://h:1/a/b",
+        ] {
             assert!(UpstreamAddress::parse(bad).is_err(), "{bad}");
         }
         assert!(is_upstream("grpc+tls://h:1") && !is_upstream("/data/grpc://x"));

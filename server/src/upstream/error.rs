@@ -25,7 +25,9 @@ pub enum UpstreamError {
         status: Box<tonic::Status>,
     },
     /// The upstream no longer serves what was planned (its tensor changed or went away).
-    #[error("upstream {upstream} no longer serves this chunk of '{array_id}' (it changed): {status}")]
+    #[error(
+        "upstream {upstream} no longer serves this chunk of '{array_id}' (it changed): {status}"
+    )]
     Changed {
         /// The upstream's address.
         upstream: String,
@@ -73,11 +75,13 @@ impl UpstreamError {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 UpstreamError::Unreachable { upstream, status }
             }
-            Code::NotFound | Code::FailedPrecondition if call == "DoGet" => UpstreamError::Changed {
-                upstream,
-                array_id: array_id.to_string(),
-                status,
-            },
+            Code::NotFound | Code::FailedPrecondition if call == "DoGet" => {
+                UpstreamError::Changed {
+                    upstream,
+                    array_id: array_id.to_string(),
+                    status,
+                }
+            }
             _ => UpstreamError::Refused {
                 upstream,
                 call,

@@ -19,8 +19,8 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use tessera_proto::consts::{
-    AUTHORIZATION_HEADER, CHUNK_WIRE_PROTOCOL_KEY, COLUMN_DATA, MASK_ENDPOINTS,
-    MASK_METADATA_JSON, MASK_PYRAMID,
+    AUTHORIZATION_HEADER, CHUNK_WIRE_PROTOCOL_KEY, COLUMN_DATA, MASK_ENDPOINTS, MASK_METADATA_JSON,
+    MASK_PYRAMID,
 };
 use tessera_proto::pb::{ChunkBounds, TensorDescriptor, TensorReadOption};
 use tessera_proto::ticket::{catalog_ticket, flight_request};
@@ -93,11 +93,13 @@ impl Link {
         }
         let auth = token
             .map(|t| {
-                format!("Bearer {t}").parse::<MetadataValue<Ascii>>().map_err(|_| {
-                    UpstreamError::Credentials(
-                        "the upstream token is not a valid header value".to_string(),
-                    )
-                })
+                format!("Bearer {t}")
+                    .parse::<MetadataValue<Ascii>>()
+                    .map_err(|_| {
+                        UpstreamError::Credentials(
+                            "the upstream token is not a valid header value".to_string(),
+                        )
+                    })
             })
             .transpose()?;
         let flight = FlightServiceClient::new(endpoint.connect_lazy())
@@ -201,7 +203,8 @@ impl Link {
                 .last()
                 .map(|last| format!(" WHERE source_id > '{}'", last.replace('\'', "''")))
                 .unwrap_or_default();
-            let sql = format!("SELECT source_id FROM sources{after} ORDER BY source_id LIMIT {PAGE}");
+            let sql =
+                format!("SELECT source_id FROM sources{after} ORDER BY source_id LIMIT {PAGE}");
             let page = self.catalog_column(&sql, "source_id").await?;
             let done = page.len() < PAGE;
             ids.extend(page);
@@ -222,18 +225,19 @@ impl Link {
             .await
             .map_err(|s| self.error("DoGet", "sources", s))?
             .into_inner();
-        let batches: Vec<_> =
-            FlightRecordBatchStream::new_from_flight_data(stream.map_err(|s| FlightError::Tonic(Box::new(s))))
-                .try_collect()
-                .await
-                .map_err(|e| match e {
-                    FlightError::Tonic(status) => self.error("DoGet", "sources", *status),
-                    other => UpstreamError::BadReply {
-                        upstream: self.address.base.clone(),
-                        array_id: "sources".to_string(),
-                        why: format!("the catalog answer does not decode: {other}"),
-                    },
-                })?;
+        let batches: Vec<_> = FlightRecordBatchStream::new_from_flight_data(
+            stream.map_err(|s| FlightError::Tonic(Box::new(s))),
+        )
+        .try_collect()
+        .await
+        .map_err(|e| match e {
+            FlightError::Tonic(status) => self.error("DoGet", "sources", *status),
+            other => UpstreamError::BadReply {
+                upstream: self.address.base.clone(),
+                array_id: "sources".to_string(),
+                why: format!("the catalog answer does not decode: {other}"),
+            },
+        })?;
         let mut out = Vec::new();
         for batch in &batches {
             let Some(values) = batch.column_by_name(column) else {
@@ -250,7 +254,10 @@ impl Link {
                 return Err(UpstreamError::BadReply {
                     upstream: self.address.base.clone(),
                     array_id: "sources".to_string(),
-                    why: format!("the catalog's {column} column is {}, not text", values.data_type()),
+                    why: format!(
+                        "the catalog's {column} column is {}, not text",
+                        values.data_type()
+                    ),
                 });
             }
         }
@@ -322,8 +329,9 @@ impl Link {
             .await
             .map_err(|s| self.error("DoGet", array_id, s))?
             .into_inner();
-        let mut batches =
-            FlightRecordBatchStream::new_from_flight_data(stream.map_err(|s| FlightError::Tonic(Box::new(s))));
+        let mut batches = FlightRecordBatchStream::new_from_flight_data(
+            stream.map_err(|s| FlightError::Tonic(Box::new(s))),
+        );
         let bad = |why: String| UpstreamError::BadReply {
             upstream: self.address.base.clone(),
             array_id: array_id.to_string(),
