@@ -7,6 +7,12 @@
 //! * [`FileVersion`], a file's `stat`: device, inode, size and mtime. A `.npy` source's
 //!   version, and what the registry and the watcher compare to see a file changed (the
 //!   metadata sidecars included).
+//! * An upstream tensor's (a tensor of another tensor server served through this one,
+//!   `upstream/`): a [`FileVersion`] whose `dev` is [`UPSTREAM_DEV`], which no file has, and
+//!   whose `ino` and `mtime_ns` words are a 128-bit digest of what the upstream says the
+//!   tensor is (its chunk ids, content version, shape and dtype). It travels in a file's
+//!   layout, so chunk ids, scaled reads and descriptors need nothing new
+//!   ([`FileVersion::upstream`], docs/decisions/0036).
 //! * [`UploadVersion`], an upload's: its uid (never given twice in one state directory),
 //!   size and creation time. An upload's bytes never change; a discarded upload added again
 //!   under the same name is another upload with another uid.
@@ -51,7 +57,21 @@ pub struct UploadVersion {
     pub created_ns: i64,
 }
 
+/// The `dev` word of an upstream tensor's version: no device number a `stat` returns.
+pub const UPSTREAM_DEV: u64 = u64::MAX;
+
 impl FileVersion {
+    /// An upstream tensor's version: `digest` (of what the upstream says the tensor is)
+    /// in the `ino` and `mtime_ns` words, [`UPSTREAM_DEV`] as the device, `size` bytes.
+    pub fn upstream(digest: u128, size: u64) -> FileVersion {
+        FileVersion {
+            dev: UPSTREAM_DEV,
+            ino: (digest >> 64) as u64,
+            size,
+            mtime_ns: digest as u64 as i64,
+        }
+    }
+
     /// The version a `stat` result describes.
     pub fn of(meta: &Metadata) -> FileVersion {
         FileVersion {

@@ -38,6 +38,7 @@ mod state;
 mod state_dir;
 mod unread;
 mod uploads;
+mod upstream;
 mod wire;
 
 pub use catalog::tree::{MAX_LIMIT as CATALOG_TREE_MAX_LIMIT, TreeIndex};

@@ -43,6 +43,17 @@ pub enum ChunkError {
         #[source]
         source: Arc<SourceError>,
     },
+    /// The source's bytes live on a server that cannot be reached now (an upstream).
+    #[error(
+        "source '{source_id}' cannot be read now: {source}; chunks already cached are still served"
+    )]
+    SourceUnreachable {
+        /// The source read.
+        source_id: String,
+        /// Which server, and what the call got.
+        #[source]
+        source: Arc<SourceError>,
+    },
     /// Reading the source failed otherwise (I/O error, bad region).
     #[error("reading source '{source_id}': {source}")]
     SourceRead {
@@ -142,6 +153,7 @@ impl ChunkError {
         match source.kind() {
             SourceErrorKind::Changed => Self::SourceChanged { source_id, source },
             SourceErrorKind::Busy => Self::SourceBusy { source_id, source },
+            SourceErrorKind::Unreachable => Self::SourceUnreachable { source_id, source },
             SourceErrorKind::Refused | SourceErrorKind::Failed => {
                 Self::SourceRead { source_id, source }
             }

@@ -308,6 +308,7 @@ impl ServiceError {
                 ChunkError::SizeOverflow => bad_request(),
                 ChunkError::SourceChanged { .. } => not_found("stale_chunk"),
                 ChunkError::SourceBusy { .. }
+                | ChunkError::SourceUnreachable { .. }
                 | ChunkError::Abandoned { .. }
                 | ChunkError::OverBudget { .. }
                 | ChunkError::ShuttingDown => UNAVAILABLE,
@@ -322,7 +323,7 @@ impl ServiceError {
             },
             Self::Source(err) => match err.kind() {
                 SourceErrorKind::Changed => not_found("stale_chunk"),
-                SourceErrorKind::Busy => UNAVAILABLE,
+                SourceErrorKind::Busy | SourceErrorKind::Unreachable => UNAVAILABLE,
                 SourceErrorKind::Refused => bad_request(),
                 SourceErrorKind::Failed => INTERNAL,
             },

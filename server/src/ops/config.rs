@@ -241,6 +241,9 @@ pub struct Settings {
     /// Id alias, axis labels and supplied metadata of the `[[source]]` tables' paths.
     #[serde(skip)]
     pub source_options: BTreeMap<PathBuf, SourceOptions>,
+    /// The upstream tensor servers served (`grpc://host:port[/SOURCE]` among the paths).
+    #[serde(skip)]
+    pub upstreams: Vec<String>,
 }
 
 impl Settings {
@@ -263,8 +266,21 @@ impl Settings {
                 .map_err(|source| ConfigError::Read { path, source })?;
             settings.listener.token = Some(text.trim().to_string());
         }
+        let (upstreams, paths): (Vec<PathBuf>, Vec<PathBuf>) = settings
+            .paths
+            .iter()
+            .cloned()
+            .partition(|p| crate::upstream::is_upstream(&p.to_string_lossy()));
+        for address in &upstreams {
+            crate::upstream::UpstreamAddress::parse(&address.to_string_lossy())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        settings.upstreams = upstreams
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
         (settings.served_paths, settings.source_options) =
-            source_tables::file_sources(settings.paths.clone(), settings.source_tables.clone())?;
+            source_tables::file_sources(paths, settings.source_tables.clone())?;
         settings.writes.check()?;
         settings.chunks.check()?;
         settings.listener.check()?;
@@ -318,6 +334,7 @@ impl Settings {
             pyramid: args.pyramid.resolve(),
             source_tables: args.source,
             watch_requested: false,
+            upstreams: Vec::new(),
         }
     }
 

@@ -25,6 +25,7 @@ use crate::source::registry::{OpenOptions, Registry};
 use crate::state::ServiceState;
 use crate::state_dir::{StateDir, StateDirError};
 use crate::uploads::Uploads;
+use crate::upstream::{Upstream, UpstreamError};
 use crate::wire::flight::TesseraFlight;
 use crate::wire::flight::auth::{Authenticated, TokenCheck, validate_token};
 use crate::wire::flight::chunk_get::ChunkGet;
@@ -118,6 +119,9 @@ pub enum DaemonError {
     /// The shared ROI seal key (`--seal-key-file`) cannot be used.
     #[error("{0}")]
     SealKey(#[from] KeyError),
+    /// An upstream tensor server cannot be used as configured.
+    #[error("{0}")]
+    Upstream(#[from] UpstreamError),
 }
 
 /// A bound, ready-to-run server.
@@ -130,6 +134,8 @@ pub struct Daemon {
     metrics_server: Option<MetricsServer>,
     http_server: Option<HttpServer>,
     watcher: Option<Watcher>,
+    upstreams: Vec<Arc<Upstream>>,
+    upstream_poll: std::time::Duration,
 }
 
 impl Daemon {
@@ -240,6 +246,10 @@ impl Daemon {
         let tree_state = state.clone();
         // The catalog tree of the first scan, built before the first call needs it.
         let _ = tokio::task::spawn_blocking(move || tree_state.catalog_tree()).await;
+        let upstreams = open_upstreams(settings)?;
+        for upstream in &upstreams {
+            sync_upstream(upstream, &state, true).await;
+        }
         state.scan_status().finish();
         let metrics_server = match settings.operations.metrics_listen {
             Some(addr) => Some(
@@ -281,6 +291,8 @@ impl Daemon {
             tls,
             metrics_server,
             watcher,
+            upstreams,
+            upstream_poll: settings.sources.upstream_poll.get(),
         })
     }
 
@@ -339,6 +351,13 @@ impl Daemon {
             side_tasks.push(tokio::spawn(watcher.run(self.state.clone())));
         }
         side_tasks.push(tokio::spawn(note_served_annotations(self.state.clone())));
+        for upstream in self.upstreams {
+            side_tasks.push(tokio::spawn(follow_upstream(
+                upstream,
+                self.state.clone(),
+                self.upstream_poll,
+            )));
+        }
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
@@ -588,6 +607,100 @@ fn open_store(cache: &CacheValues, holder: &str) -> Result<Arc<dyn ChunkStore>, 
         Err(err) => {
             tracing::warn!(error = %err, "file cache unavailable; serving with a memory cache (chunks travel over do_get)");
             memory(format!("the file cache is unavailable: {err}"))
+        }
+    }
+}
+
+/// The upstream tensor servers of `settings`, with the token (`--upstream-token-file`, else
+/// `TESSERA_UPSTREAM_TOKEN`) and CA certificates (`--upstream-ca-file`) they are dialled with.
+fn open_upstreams(settings: &Settings) -> Result<Vec<Arc<Upstream>>, DaemonError> {
+    if settings.upstreams.is_empty() {
+        return Ok(Vec::new());
+    }
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            UpstreamError::Credentials(format!(
+                "cannot read the upstream {what} {}: {e}",
+                path.display()
+            ))
+        })
+    };
+    let token = match &settings.sources.upstream_token_file {
+        Some(path) => Some(
+            String::from_utf8_lossy(&read(path, "token file")?)
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var(UPSTREAM_TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.is_empty()),
+    };
+    let ca = match &settings.sources.upstream_ca_file {
+        Some(path) => Some(read(path, "CA file")?),
+        None => None,
+    };
+    settings
+        .upstreams
+        .iter()
+        .map(|address| {
+            Upstream::new(address, token.as_deref(), ca.as_deref())
+                .map(Arc::new)
+                .map_err(DaemonError::from)
+        })
+        .collect()
+}
+
+/// The environment variable an upstream token may be given in.
+const UPSTREAM_TOKEN_ENV: &str = "TESSERA_UPSTREAM_TOKEN";
+
+/// How long the first look at an upstream may hold the server's start.
+const FIRST_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves what `upstream` serves now; logs (at warning level when `first`) when it cannot
+/// be reached, and keeps serving what it served.
+async fn sync_upstream(upstream: &Upstream, state: &ServiceState, first: bool) -> bool {
+    let base = &upstream.address().base;
+    match tokio::time::timeout(FIRST_SYNC_TIMEOUT, upstream.sync(state.sources())).await {
+        Ok(Ok(synced)) => {
+            if synced != Default::default() {
+                tracing::info!(upstream = %base, added = synced.added, changed = synced.changed, removed = synced.removed, "upstream tensors synced");
+            }
+            true
+        }
+        Ok(Err(err)) if first => {
+            tracing::warn!(upstream = %base, %err, "upstream not reachable; its tensors are served once it is");
+            false
+        }
+        Ok(Err(err)) => {
+            tracing::debug!(upstream = %base, %err, "upstream not reachable; serving what is cached");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(upstream = %base, "upstream did not answer within {FIRST_SYNC_TIMEOUT:?}");
+            false
+        }
+    }
+}
+
+/// Looks at what `upstream` serves every `poll`, so a changed upstream tensor gets new
+/// chunk ids within it (docs/decisions/0034).
+async fn follow_upstream(
+    upstream: Arc<Upstream>,
+    state: Arc<ServiceState>,
+    poll: std::time::Duration,
+) {
+    let mut reachable = true;
+    loop {
+        tokio::time::sleep(poll).await;
+        let now = sync_upstream(&upstream, &state, false).await;
+        if now != reachable {
+            let base = &upstream.address().base;
+            if now {
+                tracing::info!(upstream = %base, "upstream reachable again");
+            } else {
+                tracing::warn!(upstream = %base, "upstream unreachable; cached chunks keep serving");
+            }
+            reachable = now;
         }
     }
 }

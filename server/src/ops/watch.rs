@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::content_version::FileVersion;
+use crate::source::origin::Origin;
 use crate::source::registry::{Discovery, OpenOptions, Registry, SourceSpec, identity_at};
 use crate::state::ServiceState;
 
@@ -126,13 +127,17 @@ impl Watcher {
 /// What the registry holds for each path: the identity the file had when opened
 /// (or refused).
 fn held_identities(registry: &Registry) -> HashMap<PathBuf, FileVersion> {
-    // Runtime sources are not on the configured paths; the rescan leaves them alone.
+    // Runtime and upstream sources are not on the configured paths; the rescan leaves
+    // them alone.
     let mut held: HashMap<PathBuf, FileVersion> = registry
         .tensors()
-        .filter(|t| !t.origin.is_dropped())
+        .filter(|t| t.origin == Origin::Configured)
         .filter_map(|t| Some((t.source.path().to_path_buf(), t.version.file()?)))
         .collect();
-    for refused in registry.refused().filter(|r| !r.origin.is_dropped()) {
+    for refused in registry
+        .refused()
+        .filter(|r| r.origin == Origin::Configured)
+    {
         if let Some(id) = registry.refused_identity(&refused.source_id) {
             held.insert(refused.path.clone(), id);
         }

@@ -5,7 +5,8 @@
 //! dtype, its own axis labels, format metadata, how reads at other resolutions are answered,
 //! its content version) and reads a region into a buffer it is given. `.npy` files
 //! ([`NpyFile`](super::npy::NpyFile), `source/npy/source.rs`) and uploads
-//! (`uploads/source.rs`) implement it today; Zarr, TIFF and upstream servers will.
+//! (`uploads/source.rs`) implement it, as do Zarr stores, TIFF files and the tensors of an
+//! upstream tensor server (`upstream/source.rs`, outside this module: it speaks Flight).
 //!
 //! ```text
 //!  registry / uploads ──▶ Tensor { source: Arc<dyn Source>, grids, labels, meta }
@@ -244,6 +245,9 @@ pub enum SourceErrorKind {
     /// The request asks for something the source does not serve (a bad ticket, an upload
     /// not readable yet).
     Refused,
+    /// The bytes live on another server that cannot be reached now (an upstream tensor
+    /// server, `upstream/`): UNAVAILABLE, naming it.
+    Unreachable,
     /// Anything else (I/O, a corrupt source).
     Failed,
 }

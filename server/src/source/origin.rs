@@ -23,6 +23,12 @@ pub enum Origin {
         /// The canonical path that was added.
         root: PathBuf,
     },
+    /// A tensor of an upstream tensor server (`upstream/`), its path its url
+    /// (`grpc://host:port/ID`).
+    Upstream {
+        /// The upstream's address, `grpc://host:port`.
+        base: String,
+    },
 }
 
 impl Origin {
@@ -38,6 +44,7 @@ impl Origin {
                 }
                 url
             }
+            Origin::Upstream { .. } => path.to_string_lossy().into_owned(),
         }
     }
 
@@ -52,6 +59,14 @@ impl Origin {
             Origin::Dropped { label, root } => std::iter::once(label.clone())
                 .chain(relative_parts(root, path))
                 .collect(),
+            Origin::Upstream { base } => {
+                let id = path.to_string_lossy();
+                let id = id.strip_prefix(base.as_str()).unwrap_or(&id);
+                let host = base.split_once("://").map_or(base.as_str(), |(_, h)| h);
+                [host, id.trim_start_matches('/')]
+                    .map(String::from)
+                    .to_vec()
+            }
         }
     }
 

@@ -578,7 +578,7 @@ impl Registry {
         if let Some(confine) = settings.confine {
             self.confines.insert(id.clone(), confine);
         }
-        if origin.is_dropped() {
+        if origin != Origin::Configured {
             self.origins.insert(id.clone(), origin.clone());
         }
         match result {
@@ -840,6 +840,25 @@ impl Opened {
             identity,
         }
     }
+
+    /// A source opened elsewhere (an upstream server's tensor, `upstream/`), or refused
+    /// with why, as source `id` at `path` (its url) with `settings`.
+    pub fn of_source(
+        id: &str,
+        path: &Path,
+        source: Result<Arc<dyn Source>, String>,
+        settings: Settings,
+        options: &OpenOptions,
+    ) -> Opened {
+        let result = source.and_then(|source| tensor_of(id, path, source, &settings, options));
+        Opened {
+            id: id.to_string(),
+            path: path.to_path_buf(),
+            settings,
+            result,
+            identity: None,
+        }
+    }
 }
 
 fn open_tensor(
@@ -848,13 +867,25 @@ fn open_tensor(
     settings: &Settings,
     options: &OpenOptions,
 ) -> Result<Tensor, String> {
-    let labels = settings.labels.as_deref();
     let confine = settings.confine_under(options);
     let place = confine.map(|c| {
         let c = c.clone();
         Arc::new(move |file: &std::fs::File| c.check(file)) as Placement
     });
     let source = formats::open(path, &options.limits, place)?;
+    tensor_of(id, path, source, settings, options)
+}
+
+/// The tensor of an opened `source`: its grids, labels and metadata.
+fn tensor_of(
+    id: &str,
+    path: &Path,
+    source: Arc<dyn Source>,
+    settings: &Settings,
+    options: &OpenOptions,
+) -> Result<Tensor, String> {
+    let labels = settings.labels.as_deref();
+    let confine = settings.confine_under(options);
     let shape = source.shape();
     let native = source.native_chunk();
     let itemsize = source.dtype().itemsize as u64;

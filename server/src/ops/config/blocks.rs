@@ -273,8 +273,23 @@ settings_block! {
         /// and opened again on demand [default: 512].
         #[arg(long, env = "TESSERA_MAX_OPEN_SOURCES", value_name = "N")]
         max_open_sources: usize = DEFAULT_MAX_OPEN,
+        /// A file holding the token sent to upstream tensor servers (`grpc://` sources);
+        /// else `TESSERA_UPSTREAM_TOKEN`; never a flag's value.
+        #[arg(long, env = "TESSERA_UPSTREAM_TOKEN_FILE", value_name = "FILE")]
+        upstream_token_file: PathBuf,
+        /// A PEM file of the CA certificates a `grpc+tls://` upstream's certificate is checked
+        /// against.
+        #[arg(long, env = "TESSERA_UPSTREAM_CA_FILE", value_name = "FILE")]
+        upstream_ca_file: PathBuf,
+        /// Time between looks at what an upstream serves: a changed tensor gets new chunk ids
+        /// within it [default: 2s].
+        #[arg(long, env = "TESSERA_UPSTREAM_POLL", value_name = "DURATION")]
+        upstream_poll: Duration = Duration::of(DEFAULT_UPSTREAM_POLL),
     }
 }
+
+/// Default of `--upstream-poll`.
+pub const DEFAULT_UPSTREAM_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl SourcesValues {
     /// Refuses relative runtime roots and limits that would serve nothing.
