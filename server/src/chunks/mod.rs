@@ -408,6 +408,15 @@ impl ChunkService {
                 let tensor = tensor.clone();
                 let id = id.clone();
                 async move {
+                    // The caller found the chunk cold before it got here; a run that
+                    // ended in between has stored it (its entry goes only after the
+                    // store), so look again rather than decode it twice.
+                    if service.store.contains(key) {
+                        return Ok(Materialized::Stored);
+                    }
+                    if let Some(chunk) = service.fallback.get(key) {
+                        return Ok(Materialized::InMemory(chunk));
+                    }
                     let permit = service
                         .decode_permits
                         .acquire()
@@ -515,3 +524,6 @@ impl Drop for StopOnDrop {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests;
