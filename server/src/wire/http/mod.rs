@@ -39,7 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
-pub use cors::{BadOrigin, CorsOrigins};
+pub use cors::CorsOrigins;
 pub use listener::{HttpLimits, HttpListener};
 
 use crate::error::ServiceError;
