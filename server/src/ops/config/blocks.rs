@@ -802,9 +802,17 @@ mod tests {
         let roots = effective(&["--add-source-root", "/a", "--add-source-root", "/b"], "");
         assert_eq!(roots["add_source_roots"].as_array().unwrap().len(), 2);
         let cors = effective(&[], "http_cors_origins = [\"https://a.example\"]\n");
-        assert_eq!(cors["http_cors_origins"][0].as_str(), Some("https://a.example"));
+        assert_eq!(
+            cors["http_cors_origins"][0].as_str(),
+            Some("https://a.example")
+        );
         let cors = effective(
-            &["--http-cors-origin", "https://b.example", "--http-cors-origin", "*"],
+            &[
+                "--http-cors-origin",
+                "https://b.example",
+                "--http-cors-origin",
+                "*",
+            ],
             "http_cors_origins = [\"https://a.example\"]\n",
         );
         assert_eq!(cors["http_cors_origins"].as_array().unwrap().len(), 2);

@@ -73,7 +73,9 @@ impl CorsOrigins {
                 return Err(bad("it names no host"));
             }
             if rest.contains(['/', '?', '#']) {
-                return Err(bad("an origin has no path, query or fragment, not even a final /"));
+                return Err(bad(
+                    "an origin has no path, query or fragment, not even a final /",
+                ));
             }
             if rest.contains('@') || rest.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(bad("it holds characters an origin cannot"));
@@ -187,7 +189,9 @@ fn vary_on_origin(headers: &mut HeaderMap, preflight: bool) {
     if preflight {
         headers.append(
             header::VARY,
-            HeaderValue::from_static("access-control-request-method, access-control-request-headers"),
+            HeaderValue::from_static(
+                "access-control-request-method, access-control-request-headers",
+            ),
         );
     }
 }
@@ -224,7 +228,8 @@ mod tests {
         ] {
             let err = parse(&[bad]).map(|_| ()).map_err(|e| e.to_string());
             assert!(
-                err.as_ref().is_err_and(|e| e.contains(why) && e.contains(bad)),
+                err.as_ref()
+                    .is_err_and(|e| e.contains(why) && e.contains(bad)),
                 "{bad}: {err:?}"
             );
         }

@@ -227,7 +227,10 @@ fn router(api: Arc<Api>) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(api.clone(), bounded))
         // Outermost: a preflight is answered before the token check and the bounds.
-        .layer(axum::middleware::from_fn_with_state(api.clone(), cors::cors))
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            cors::cors,
+        ))
         .with_state(api)
 }
 
