@@ -10,7 +10,9 @@ Used by ``benches/run.py --reference``. Three things live here:
   servers cut the tensor the same way;
 * ``ReferenceServer``: starts ``biopb-tensor-server serve`` on a JSON config in a
   scratch folder (its own state, data, config and cache homes), waits until its catalog
-  is complete, and stops it.
+  is complete, and stops it; with ``web=True`` it starts ``launch`` instead (the Flight
+  server and its FastAPI HTTP sidecar in one process) and also waits for the sidecar's
+  ``/readyz`` (``benches/web.py``).
 
 Nothing here imports biopb: the measurement runs in run.py's worker processes with the
 same client venv as Tessera's rows.
@@ -148,10 +150,12 @@ class ReferenceServer:
     `scratch` holds its config, log, catalog, uploads and BIOPB_* homes; `cache_dir`
     is its file cache (the segments its mmap fast path hands out). Both are made
     fresh by the caller for a cold server. Ready means health SERVING, no
-    registration pending, no full scan running, and `min_sources` sources listed.
+    registration pending, no full scan running, and `min_sources` sources listed; with
+    `web`, also the HTTP sidecar's `/readyz` answering 200 at `http_base`.
     """
 
-    def __init__(self, binary, data_dir, scratch, cache_dir, min_sources, start_timeout=180):
+    def __init__(self, binary, data_dir, scratch, cache_dir, min_sources, start_timeout=180,
+                 web=False):
         self.scratch = pathlib.Path(scratch)
         self.cache_dir = pathlib.Path(cache_dir)
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -170,6 +174,12 @@ class ReferenceServer:
         self.config_path.write_text(json.dumps(config, indent=2))
         port = _free_port()
         self.location = f"grpc://127.0.0.1:{port}"
+        self.http_base = None
+        command = ["serve"]
+        if web:
+            web_port = _free_port()
+            self.http_base = f"http://127.0.0.1:{web_port}"
+            command = ["launch", "--web-host", "127.0.0.1", "--web-port", str(web_port)]
         self.log_path = self.scratch / "server.log"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("BIOPB_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
@@ -177,12 +187,14 @@ class ReferenceServer:
         env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [str(binary), "serve", "--config", str(self.config_path), "--host", "127.0.0.1",
+            [str(binary), *command, "--config", str(self.config_path), "--host", "127.0.0.1",
              "--port", str(port)],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.started_at = time.monotonic()
         try:
             self.health = self._wait_ready(min_sources, start_timeout)
+            if web:
+                self._wait_http(start_timeout)
         except BaseException:
             self.stop()
             raise
@@ -230,6 +242,27 @@ class ReferenceServer:
                 return h
             time.sleep(0.25)
         raise RuntimeError(f"biopb-tensor-server not ready after {timeout} s (last health: {last}):\n"
+                           + self.log_tail())
+
+    def _wait_http(self, timeout) -> None:
+        """Until the sidecar's `/readyz` answers 200 (it dials the Flight server lazily)."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"biopb-tensor-server exited with {self.proc.returncode}:\n"
+                                   + self.log_tail())
+            try:
+                with urllib.request.urlopen(self.http_base + "/readyz", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError) as e:
+                last = e
+            time.sleep(0.25)
+        raise RuntimeError(f"the HTTP sidecar is not ready after {timeout} s ({last}):\n"
                            + self.log_tail())
 
     def stop(self, timeout=30):

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
@@ -54,6 +55,8 @@ pub struct ServiceState {
     uploads: Option<Arc<Uploads>>,
     /// The address `health` advertises (`external_location`), if any.
     external_location: Option<String>,
+    /// A stop was requested: in-flight calls are finishing, readiness probes say no.
+    stopping: AtomicBool,
 }
 
 impl ServiceState {
@@ -79,7 +82,19 @@ impl ServiceState {
             annotations: Err(Arc::new(NoAnnotations::NoStateDir)),
             uploads: None,
             external_location: None,
+            stopping: AtomicBool::new(false),
         }
+    }
+
+    /// Notes that a stop was requested: from now on readiness probes (`/readyz`) answer
+    /// 503, so a load balancer sends no new viewers while in-flight calls finish.
+    pub fn begin_stopping(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a stop was requested.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
     }
 
     /// Advertises `location` as the address other machines dial (`health`'s

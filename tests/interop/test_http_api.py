@@ -306,3 +306,114 @@ def test_a_configured_address_that_is_taken_fails_the_start(start_server, data, 
 def test_an_exposed_address_needs_a_token(start_server, data):
     with pytest.raises(RuntimeError, match="refusing to serve the HTTP API on 0.0.0.0:0 without a token"):
         start_server(data, extra=["--http-listen", "0.0.0.0:0"])
+
+
+APP = "http://app.example:8080"
+
+
+def test_cors_is_off_unless_origins_are_configured(served):
+    status, headers, _ = call(served + "/api/tile_info/pat", headers={"Origin": APP})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] is None
+    request = urllib.request.Request(
+        served + "/api/tile/pat?level=0&col=0&row=0", method="OPTIONS",
+        headers={"Origin": APP, "Access-Control-Request-Method": "GET"})
+    try:
+        urllib.request.urlopen(request, timeout=30)
+        raise AssertionError("a preflight was answered with CORS off")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405 and e.headers["Access-Control-Allow-Origin"] is None
+
+
+def preflight(url, origin, headers="authorization"):
+    request = urllib.request.Request(url, method="OPTIONS", headers={
+        "Origin": origin, "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def test_configured_origins_may_call_the_api(start_server, data):
+    server = start_server(data, extra=["--http-listen", "127.0.0.1:0", "--token", TOKEN,
+                                       "--http-cors-origin", APP],
+                          env={"TESSERA_HTTP_CORS_ORIGINS": "https://ignored.example"})
+    base = http_base(server)
+    url = base + "/api/tile/pat?level=0&col=0&row=0&z=1"
+    # The preflight carries no token and is answered before the token check.
+    status, headers, _ = preflight(url, APP)
+    assert status == 204
+    assert headers["Access-Control-Allow-Origin"] == APP
+    assert "authorization" in headers["Access-Control-Allow-Headers"]
+    assert set(headers["Access-Control-Allow-Methods"].replace(" ", "").split(",")) == {"GET", "POST"}
+    assert "origin" in headers["Vary"].lower()
+    # The request itself: the token is still required, and the page may read the headers.
+    status, headers, _ = call(url, headers={"Origin": APP})
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == APP
+    status, headers, body = call(url, token=TOKEN, headers={"Origin": APP})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == APP
+    exposed = headers["Access-Control-Expose-Headers"].lower()
+    assert all(h in exposed for h in ("x-shape", "x-dtype", "x-dim-labels", "x-tile-size", "etag"))
+    assert np.array_equal(as_array(headers, body)[0, 0], pattern()[0, 1, :512, :512])
+    # Another origin (the flag wins over the variable): no CORS headers, its preflight refused.
+    for other in ("https://ignored.example", "http://app.example:8081"):
+        status, headers, body = preflight(url, other)
+        assert status == 403 and headers["Access-Control-Allow-Origin"] is None
+        assert "--http-cors-origin" in json.loads(body)["detail"]
+        status, headers, _ = call(url, token=TOKEN, headers={"Origin": other})
+        assert status == 200 and headers["Access-Control-Allow-Origin"] is None
+
+
+def test_cors_origins_from_the_environment_and_the_file(start_server, data, tmp_path):
+    server = start_server(data, extra=["--http-listen", "127.0.0.1:0"],
+                          env={"TESSERA_HTTP_CORS_ORIGINS": f"https://a.example,{APP}"})
+    base = http_base(server)
+    for origin in ("https://a.example", APP):
+        status, headers, _ = call(base + "/api/tile_info/pat", headers={"Origin": origin})
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
+    config = tmp_path / "tessera.toml"
+    config.write_text('http_cors_origins = ["*"]\n')
+    server = start_server(data, extra=["--http-listen", "127.0.0.1:0", "--config", config])
+    status, headers, _ = preflight(http_base(server) + "/api/slice", "https://anywhere.example")
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_an_origin_with_a_path_is_refused_at_start(start_server, data):
+    with pytest.raises(RuntimeError, match=r"http_cors_origins entry \"https://app.example/\" is not an origin"):
+        start_server(data, extra=["--http-listen", "127.0.0.1:0", "--http-cors-origin", "https://app.example/"])
+
+
+def test_readyz_answers_503_once_a_stop_is_requested(start_server, tmp_path):
+    """A Flight read the client does not take keeps the server draining (up to its grace);
+    meanwhile the HTTP side still answers, and its readiness probe says no."""
+    import signal
+
+    import pyarrow.flight as flight
+
+    d = tmp_path / "big"
+    d.mkdir()
+    np.save(d / "big.npy", np.zeros((4096, 8192), "<u2"))  # 64 MiB, one chunk
+    server = start_server(d, extra=["--http-listen", "127.0.0.1:0", "--chunk-target", "64MiB"])
+    base = http_base(server)
+    assert call(base + "/readyz")[0] == 200
+    client = flight.connect(server.location)
+    info = client.get_flight_info(flight.FlightDescriptor.for_path("big"))
+    assert len(info.endpoints) == 1
+    reader = client.do_get(info.endpoints[0].ticket)  # its 64 MiB fill the windows, unread
+    try:
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            status, _, body = call(base + "/readyz")
+            if status == 503:
+                break
+            time.sleep(0.05)
+        assert status == 503, body
+        ready = json.loads(body)
+        assert ready["ready"] is False and ready["status"] == "stopping"
+        assert server.proc.poll() is None, "the server stopped before the read finished"
+    finally:
+        del reader
+        client.close()

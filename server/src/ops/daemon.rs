@@ -263,7 +263,7 @@ impl Daemon {
             Some((addr, configured)) => {
                 match HttpServer::bind(addr, settings.operations.http_limits(), token.clone()).await
                 {
-                    Ok(server) => Some(server),
+                    Ok(server) => Some(server.with_cors(settings.operations.http_cors())),
                     Err(source) if configured => {
                         return Err(DaemonError::Bind { addr, source });
                     }
@@ -359,8 +359,10 @@ impl Daemon {
             )));
         }
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let stopping_state = self.state.clone();
         let signal = async move {
             shutdown.await;
+            stopping_state.begin_stopping();
             tracing::info!("stop requested; finishing in-flight calls");
             let _ = stopping_tx.send(());
         };

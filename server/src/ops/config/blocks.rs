@@ -36,7 +36,7 @@ use crate::source::runtime::{DEFAULT_MAX_FILES, RuntimeRoots};
 use crate::unread::UnreadLimits;
 use crate::uploads::{MAX_IN_FLIGHT_LIMIT, UploadLimits};
 use crate::wire::http::{
-    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_PORT, DEFAULT_HTTP_TIMEOUT, HttpLimits,
+    CorsOrigins, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_PORT, DEFAULT_HTTP_TIMEOUT, HttpLimits,
 };
 
 /// Declares a block of settings: `$name` (every field `Option<T>`, the flags, environment
@@ -465,6 +465,16 @@ settings_block! {
         /// Longest one HTTP request may take [default: 120s].
         #[arg(long, env = "TESSERA_HTTP_TIMEOUT", value_name = "DURATION")]
         http_timeout: Duration = Duration::of(DEFAULT_HTTP_TIMEOUT),
+        /// An origin (`https://host:port`, or `*` for any) whose pages may call the HTTP API
+        /// from a browser (CORS); repeat for several; none: CORS off, only the server's own
+        /// page reads its answers [env: comma-separated list].
+        #[arg(
+            long = "http-cors-origin",
+            env = "TESSERA_HTTP_CORS_ORIGINS",
+            value_delimiter = ',',
+            value_name = "ORIGIN"
+        )]
+        http_cors_origins: Vec<String> = Vec::new(),
         /// Log line format; its flag, `--log-format` (`TESSERA_LOG_FORMAT`), is the binary's
         /// own and wins over the file.
         #[arg(skip)]
@@ -475,6 +485,8 @@ settings_block! {
 impl OperationsValues {
     /// Refuses a metrics endpoint that would refuse every scrape.
     pub fn check(&self) -> Result<(), ConfigError> {
+        CorsOrigins::parse(&self.http_cors_origins)
+            .map_err(|err| ConfigError::Invalid(err.to_string()))?;
         if self.http_max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "http_max_connections 0 would refuse every HTTP request; use at least 1"
@@ -501,6 +513,12 @@ impl OperationsValues {
                 false,
             )),
         }
+    }
+
+    /// The origins whose pages may call the HTTP API (checked by [`Self::check`]; an entry
+    /// that is not an origin allows nothing).
+    pub fn http_cors(&self) -> CorsOrigins {
+        CorsOrigins::parse(&self.http_cors_origins).unwrap_or_default()
     }
 
     /// The bounds on the HTTP API these settings give.
@@ -783,6 +801,21 @@ mod tests {
         assert_eq!(roots["add_source_roots"][0].as_str(), Some("/file"));
         let roots = effective(&["--add-source-root", "/a", "--add-source-root", "/b"], "");
         assert_eq!(roots["add_source_roots"].as_array().unwrap().len(), 2);
+        let cors = effective(&[], "http_cors_origins = [\"https://a.example\"]\n");
+        assert_eq!(
+            cors["http_cors_origins"][0].as_str(),
+            Some("https://a.example")
+        );
+        let cors = effective(
+            &[
+                "--http-cors-origin",
+                "https://b.example",
+                "--http-cors-origin",
+                "*",
+            ],
+            "http_cors_origins = [\"https://a.example\"]\n",
+        );
+        assert_eq!(cors["http_cors_origins"].as_array().unwrap().len(), 2);
     }
 
     #[test]

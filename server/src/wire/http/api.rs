@@ -33,19 +33,26 @@ pub async fn livez() -> Response {
 }
 
 /// `GET /readyz` (and `/healthz`): 200 once the first scan of the sources finished and the
-/// service is serving, 503 before.
+/// service is serving, 503 before and from the moment a stop is requested (`"status":
+/// "stopping"`, while in-flight calls finish).
 pub async fn readyz(State(api): State<Arc<Api>>) -> Response {
     let state = &api.state;
-    let ready = state.scan_status().last_finished_at().is_some();
+    let stopping = state.is_stopping();
+    let ready = state.scan_status().last_finished_at().is_some() && !stopping;
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let word = match (ready, stopping) {
+        (true, _) => "ok",
+        (false, true) => "stopping",
+        (false, false) => "degraded",
+    };
     json_response(
         status,
         &json!({
-            "status": if ready { "ok" } else { "degraded" },
+            "status": word,
             "timestamp": now(),
             "ready": ready,
             "service": SERVICE,

@@ -16,8 +16,10 @@
 //! Reads go through the Flight service's request path ([`read`]): the same chunk ids, the
 //! same chunk cache, no gRPC hop. Connections are capped ([`listener`]), every request is
 //! bounded in time and body size, and refusals answer `{"detail": "..."}` like the sidecar.
+//! Cross-origin pages are refused unless their origins are configured ([`cors`]).
 
 mod api;
+mod cors;
 mod encoding;
 mod listener;
 mod read;
@@ -37,6 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
+pub use cors::CorsOrigins;
 pub use listener::{HttpLimits, HttpListener};
 
 use crate::error::ServiceError;
@@ -152,6 +155,7 @@ pub struct HttpServer {
     listener: HttpListener,
     check: TokenCheck,
     limits: HttpLimits,
+    cors: CorsOrigins,
 }
 
 impl HttpServer {
@@ -165,7 +169,14 @@ impl HttpServer {
             listener: HttpListener::new(TcpListener::bind(addr).await?, limits),
             check: TokenCheck::new(token),
             limits,
+            cors: CorsOrigins::default(),
         })
+    }
+
+    /// Lets pages from `cors`'s origins call the API (none: CORS off, the default).
+    pub fn with_cors(mut self, cors: CorsOrigins) -> Self {
+        self.cors = cors;
+        self
     }
 
     /// The address bound.
@@ -179,6 +190,7 @@ impl HttpServer {
             state,
             check: self.check,
             timeout: self.limits.timeout,
+            cors: self.cors,
         });
         if let Err(err) = axum::serve(self.listener, router(api)).await {
             tracing::warn!(error = %err, "http endpoint stopped");
@@ -191,6 +203,7 @@ struct Api {
     state: Arc<ServiceState>,
     check: TokenCheck,
     timeout: Duration,
+    cors: CorsOrigins,
 }
 
 fn router(api: Arc<Api>) -> Router {
@@ -213,6 +226,11 @@ fn router(api: Arc<Api>) -> Router {
         .merge(protected)
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(api.clone(), bounded))
+        // Outermost: a preflight is answered before the token check and the bounds.
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            cors::cors,
+        ))
         .with_state(api)
 }
 
