@@ -61,7 +61,7 @@ pub use file::{NpyFile, Placement};
 pub(crate) use file::{open_placed, touched_within};
 pub use header::{Header, parse_header};
 pub use limits::Limits;
-pub(crate) use region::gather;
+pub(crate) use region::{Runs, gather, stored_runs};
 pub use region::region_is_contiguous;
 pub use source::open_source;
 pub use stream::read_stream;
