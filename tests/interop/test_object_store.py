@@ -65,7 +65,8 @@ class Moto:
 
     def require_auth(self):
         """From now on moto checks credentials: unknown access keys are refused (403)."""
-        req = urllib.request.Request(self.endpoint + "/moto-api/reset-auth", data=b"0", method="POST")
+        req = urllib.request.Request(self.endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
         urllib.request.urlopen(req, timeout=5)
 
     def stop(self):
@@ -194,8 +195,16 @@ def test_a_replaced_object_gets_new_chunk_ids(start_server, moto, filled):
             break
         assert time.monotonic() < deadline, "the server kept the old chunk ids"
         time.sleep(0.2)
-    got = TensorFlightClient(server.location, cache_bytes=0).get_tensor("u16_stack").compute()
-    assert got.tobytes() == second.tobytes()
+    # moto's listing may show the replaced object's new time before its new ETag: a read
+    # then is of the old bytes (read with If-Match on the ETag listed), under ids of their
+    # own; a later listing gives the new bytes theirs. Every read is one version, whole.
+    while True:
+        got = TensorFlightClient(server.location, cache_bytes=0).get_tensor("u16_stack").compute()
+        if got.tobytes() == second.tobytes():
+            break
+        assert got.tobytes() == filled["u16_stack"].tobytes(), "a read mixed two versions"
+        assert time.monotonic() < deadline, "the new bytes were never served"
+        time.sleep(0.2)
     # A ticket of the old bytes is refused, never answered with the new ones.
     with pytest.raises(flight.FlightError):
         raw.do_get(flight.Ticket(before[len(before) // 2])).read_all()
@@ -224,7 +233,7 @@ def test_with_the_store_stopped_cached_cells_serve_and_others_are_unavailable(
     client = TensorFlightClient(server.location, cache_bytes=0)
     assert client.get_tensor("u16_stack").compute().tobytes() == filled["u16_stack"].tobytes()
     raw = flight.connect(server.location)
-    cold = {name: plan(raw, name) for name in ("be_i2", "v2")}
+    cold = {name: plan(raw, name) for name in ("f64_1d", "v2")}
     moto.stop()
 
     again = TensorFlightClient(server.location, cache_bytes=0).get_tensor("u16_stack").compute()

@@ -104,6 +104,11 @@ impl ObjectStoreError {
                     answer,
                 }
             }
+            // A listing's refusals come as generic errors carrying the status.
+            _ if answer.contains("status code: 403") || answer.contains("status code: 401") => {
+                ObjectStoreError::Denied { url, answer }
+            }
+            _ if answer.contains("status code: 404") => ObjectStoreError::Missing { url, answer },
             _ => ObjectStoreError::Failed { what, url, answer },
         }
     }
@@ -181,5 +186,11 @@ mod tests {
             source: "Server returned non-2xx status code: 400 Bad Request".into(),
         });
         assert_eq!(bad.kind(), SourceErrorKind::Failed);
+        let listing_denied = of(object_store::Error::Generic {
+            store: "S3",
+            source: "Server returned non-2xx status code: 403 Forbidden: InvalidAccessKeyId"
+                .into(),
+        });
+        assert!(matches!(listing_denied, ObjectStoreError::Denied { .. }));
     }
 }
