@@ -9,7 +9,9 @@ use crate::objstore::error::ObjectStoreError;
 
 /// The schemes served, then those recognised and refused.
 const SERVED: &str = "s3://";
-const RECOGNISED: [&str; 6] = ["gs://", "gcs://", "az://", "azure://", "https://", "http://"];
+const RECOGNISED: [&str; 6] = [
+    "gs://", "gcs://", "az://", "azure://", "https://", "http://",
+];
 
 /// Whether `text` is written as an object-store address rather than a path.
 pub fn is_object_store(text: &str) -> bool {
@@ -108,7 +110,10 @@ mod tests {
         assert_eq!(all.prefix, "plates/2026/");
         assert!(!all.object);
         assert_eq!(all.base(), "s3://lab-data");
-        assert_eq!(all.url_of("plates/2026/a.npy"), "s3://lab-data/plates/2026/a.npy");
+        assert_eq!(
+            all.url_of("plates/2026/a.npy"),
+            "s3://lab-data/plates/2026/a.npy"
+        );
         assert_eq!(all.relative("plates/2026/x/a.npy"), "x/a.npy");
 
         let bucket = StoreAddress::parse("s3://lab-data/").unwrap();
@@ -138,7 +143,10 @@ mod tests {
             assert!(StoreAddress::parse(bad).is_err(), "{bad}");
         }
         let refused = StoreAddress::parse("az://c/x").unwrap_err().to_string();
-        assert!(refused.contains("az://c/x") && refused.contains("s3://"), "{refused}");
+        assert!(
+            refused.contains("az://c/x") && refused.contains("s3://"),
+            "{refused}"
+        );
         assert!(is_object_store("gs://b/x") && is_object_store("s3://b"));
         assert!(!is_object_store("/data/s3://x") && !is_object_store("grpc://h:1"));
     }

@@ -164,7 +164,10 @@ mod tests {
             source: "NoSuchBucket".into(),
         });
         assert_eq!(missing.kind(), SourceErrorKind::Failed);
-        assert!(missing.to_string().contains("s3://b/k") && missing.to_string().contains("NoSuchBucket"));
+        assert!(
+            missing.to_string().contains("s3://b/k")
+                && missing.to_string().contains("NoSuchBucket")
+        );
         let denied = of(object_store::Error::PermissionDenied {
             path: "k".into(),
             source: "AccessDenied".into(),
@@ -180,7 +183,11 @@ mod tests {
             source: "Server returned non-2xx status code: 503 Service Unavailable".into(),
         });
         assert_eq!(throttled.kind(), SourceErrorKind::Unreachable);
-        assert!(throttled.to_string().contains("object store s3://b is unreachable"));
+        assert!(
+            throttled
+                .to_string()
+                .contains("object store s3://b is unreachable")
+        );
         let bad = of(object_store::Error::Generic {
             store: "S3",
             source: "Server returned non-2xx status code: 400 Bad Request".into(),
@@ -188,8 +195,7 @@ mod tests {
         assert_eq!(bad.kind(), SourceErrorKind::Failed);
         let listing_denied = of(object_store::Error::Generic {
             store: "S3",
-            source: "Server returned non-2xx status code: 403 Forbidden: InvalidAccessKeyId"
-                .into(),
+            source: "Server returned non-2xx status code: 403 Forbidden: InvalidAccessKeyId".into(),
         });
         assert!(matches!(listing_denied, ObjectStoreError::Denied { .. }));
     }

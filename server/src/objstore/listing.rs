@@ -79,7 +79,10 @@ pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
         }
     }
     for (root, v2) in roots {
-        let objects = sorted.iter().copied().filter(|m| under(&root, m.location.as_ref()));
+        let objects = sorted
+            .iter()
+            .copied()
+            .filter(|m| under(&root, m.location.as_ref()));
         found.push(Found::Zarr {
             version: version_of(objects),
             root,
@@ -186,7 +189,13 @@ mod tests {
         let keys: Vec<&str> = found.iter().map(Found::key).collect();
         assert_eq!(
             keys,
-            ["exp/a.npy", "exp/img.zarr", "exp/img.zarr/0", "exp/sub/B.NPY", "exp/v2.zarr"]
+            [
+                "exp/a.npy",
+                "exp/img.zarr",
+                "exp/img.zarr/0",
+                "exp/sub/B.NPY",
+                "exp/v2.zarr"
+            ]
         );
         let ids: Vec<String> = keys.iter().map(|k| id_of(&address, k)).collect();
         assert_eq!(ids, ["a", "img", "img.0", "sub.B", "v2"]);

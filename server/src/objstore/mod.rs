@@ -41,8 +41,8 @@ use crate::source::registry::{Opened, Settings};
 use crate::source::sources::Sources;
 
 pub use address::{StoreAddress, is_object_store};
-pub use error::ObjectStoreError;
 use client::Client;
+pub use error::ObjectStoreError;
 use listing::Found;
 
 /// Default of `object_store_max_objects`: the most objects one listing takes in.

@@ -13,7 +13,9 @@ use serde_json::{Map, Value, json};
 use crate::content_version::{ContentVersion, FileVersion};
 use crate::objstore::client::Client;
 use crate::objstore::error::ObjectStoreError;
-use crate::source::npy::{Dtype, Header, Limits, NpyError, Runs, gather, parse_header, stored_runs};
+use crate::source::npy::{
+    Dtype, Header, Limits, NpyError, Runs, gather, parse_header, stored_runs,
+};
 use crate::source::{Source, SourceError, SourceErrorKind};
 
 /// Bytes asked for first: the header of every `.npy` numpy writes fits (it pads to 64).
@@ -183,7 +185,11 @@ impl Source for NpyObject {
         let shape = &self.header.shape;
         let fits = start.len() == shape.len()
             && stop.len() == shape.len()
-            && start.iter().zip(stop).zip(shape).all(|((a, b), d)| a <= b && b <= d);
+            && start
+                .iter()
+                .zip(stop)
+                .zip(shape)
+                .all(|((a, b), d)| a <= b && b <= d);
         let itemsize = self.header.dtype.itemsize;
         let needed = start
             .iter()
@@ -210,7 +216,11 @@ impl Source for NpyObject {
         let mut stored = vec![0u8; out.len()];
         self.read_runs(runs, &mut stored)
             .map_err(|e| e.to_source_error())?;
-        let extent: Vec<usize> = start.iter().zip(stop).map(|(a, b)| (b - a) as usize).collect();
+        let extent: Vec<usize> = start
+            .iter()
+            .zip(stop)
+            .map(|(a, b)| (b - a) as usize)
+            .collect();
         let mut strides = Vec::with_capacity(extent.len());
         let mut acc = itemsize;
         for &n in &extent {

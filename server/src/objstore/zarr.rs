@@ -34,7 +34,8 @@ impl AsyncToSyncBlockOn for BlockOn {
 }
 
 /// The storage zarrs reads an object-store array through.
-type Storage = AsyncToSyncStorageAdapter<AsyncObjectStore<PrefixStore<Arc<dyn ObjectStore>>>, BlockOn>;
+type Storage =
+    AsyncToSyncStorageAdapter<AsyncObjectStore<PrefixStore<Arc<dyn ObjectStore>>>, BlockOn>;
 
 /// One Zarr array in an object store.
 pub struct ZarrObject {
@@ -147,7 +148,12 @@ impl ZarrObject {
             .attributes()
             .get("_ARRAY_DIMENSIONS")
             .and_then(Value::as_array)
-            .and_then(|listed| listed.iter().map(|v| v.as_str().map(str::to_string)).collect());
+            .and_then(|listed| {
+                listed
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            });
         names.filter(|n| n.len() == self.shape.len())
     }
 
@@ -162,7 +168,10 @@ impl ZarrObject {
             ),
             _ => SourceError::new(
                 SourceErrorKind::Failed,
-                format!("Zarr array {} could not be read: {what}", self.url.display()),
+                format!(
+                    "Zarr array {} could not be read: {what}",
+                    self.url.display()
+                ),
             ),
         }
     }
