@@ -216,7 +216,6 @@ mod tests {
 
     #[test]
     fn a_replaced_object_changes_the_version_of_what_holds_it() {
-        let address = StoreAddress::parse("s3://lab/").unwrap();
         let before = [meta("s.zarr/.zarray", 10, "a"), meta("s.zarr/0", 5, "b")];
         let after = [meta("s.zarr/.zarray", 10, "a"), meta("s.zarr/0", 5, "c")];
         let (one, two) = (classify(&before), classify(&after));

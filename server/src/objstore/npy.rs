@@ -57,7 +57,7 @@ impl NpyObject {
         let mut len = FIRST_READ.min(meta.size);
         let header = loop {
             let prefix = client
-                .get_ranges(&meta.location, &[0..len], e_tag)?
+                .get_ranges(&meta.location, std::slice::from_ref(&(0..len)), e_tag)?
                 .pop()
                 .unwrap_or_default();
             match parse_header(&prefix, limits) {

@@ -748,7 +748,7 @@ async fn sync_bucket(bucket: &Arc<Bucket>, state: &Arc<ServiceState>, first: boo
     let url = bucket.address().url.clone();
     let (task_bucket, task_state) = (bucket.clone(), state.clone());
     let listed = tokio::task::spawn_blocking(move || {
-        let limits = task_state.sources().open_options().limits.clone();
+        let limits = task_state.sources().open_options().limits;
         task_bucket.sync(task_state.sources(), &limits)
     })
     .await;
