@@ -30,6 +30,7 @@ mod content_version;
 mod error;
 mod grid;
 mod metrics;
+mod objstore;
 mod ops;
 mod read_path;
 mod rois;

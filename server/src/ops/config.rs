@@ -244,6 +244,9 @@ pub struct Settings {
     /// The upstream tensor servers served (`grpc://host:port[/SOURCE]` among the paths).
     #[serde(skip)]
     pub upstreams: Vec<String>,
+    /// The object-store sources served (`s3://BUCKET/PREFIX` among the paths).
+    #[serde(skip)]
+    pub object_stores: Vec<String>,
 }
 
 impl Settings {
@@ -276,6 +279,17 @@ impl Settings {
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         settings.upstreams = upstreams
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let (object_stores, paths): (Vec<PathBuf>, Vec<PathBuf>) = paths
+            .into_iter()
+            .partition(|p| crate::objstore::is_object_store(&p.to_string_lossy()));
+        for address in &object_stores {
+            crate::objstore::StoreAddress::parse(&address.to_string_lossy())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        settings.object_stores = object_stores
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
@@ -335,6 +349,7 @@ impl Settings {
             source_tables: args.source,
             watch_requested: false,
             upstreams: Vec::new(),
+            object_stores: Vec::new(),
         }
     }
 

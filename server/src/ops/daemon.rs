@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use crate::chunks::{ChunkService, ChunkStore, MemoryStore, SegmentFiles};
 use crate::error::NoAnnotations;
 use crate::metrics::{Metered, Metrics};
+use crate::objstore::{Bucket, ObjectStoreError};
 use crate::ops::config::blocks::{CacheValues, WritesValues};
 use crate::ops::config::value::ExternalLocation;
 use crate::ops::config::{CacheKind, Settings};
@@ -122,6 +123,9 @@ pub enum DaemonError {
     /// An upstream tensor server cannot be used as configured.
     #[error("{0}")]
     Upstream(#[from] UpstreamError),
+    /// An object-store source cannot be set up as configured.
+    #[error("{0}")]
+    ObjectStore(#[from] ObjectStoreError),
 }
 
 /// A bound, ready-to-run server.
@@ -136,6 +140,8 @@ pub struct Daemon {
     watcher: Option<Watcher>,
     upstreams: Vec<Arc<Upstream>>,
     upstream_poll: std::time::Duration,
+    buckets: Vec<Arc<Bucket>>,
+    object_store_rescan: std::time::Duration,
 }
 
 impl Daemon {
@@ -250,6 +256,10 @@ impl Daemon {
         for upstream in &upstreams {
             sync_upstream(upstream, &state, true).await;
         }
+        let buckets = open_buckets(settings)?;
+        for bucket in &buckets {
+            sync_bucket(bucket, &state, true).await;
+        }
         state.scan_status().finish();
         let metrics_server = match settings.operations.metrics_listen {
             Some(addr) => Some(
@@ -293,6 +303,8 @@ impl Daemon {
             watcher,
             upstreams,
             upstream_poll: settings.sources.upstream_poll.get(),
+            buckets,
+            object_store_rescan: settings.sources.object_store_rescan.get(),
         })
     }
 
@@ -356,6 +368,13 @@ impl Daemon {
                 upstream,
                 self.state.clone(),
                 self.upstream_poll,
+            )));
+        }
+        for bucket in self.buckets {
+            side_tasks.push(tokio::spawn(follow_bucket(
+                bucket,
+                self.state.clone(),
+                self.object_store_rescan,
             )));
         }
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
@@ -701,6 +720,80 @@ async fn follow_upstream(
                 tracing::info!(upstream = %base, "upstream reachable again");
             } else {
                 tracing::warn!(upstream = %base, "upstream unreachable; cached chunks keep serving");
+            }
+            reachable = now;
+        }
+    }
+}
+
+/// The object-store sources of `settings` (`s3://` among the paths).
+fn open_buckets(settings: &Settings) -> Result<Vec<Arc<Bucket>>, DaemonError> {
+    let cap = settings.sources.object_store_max_objects;
+    settings
+        .object_stores
+        .iter()
+        .map(|address| {
+            let bucket = Bucket::new(address, cap)?;
+            tracing::info!(
+                store = %address,
+                anonymous = bucket.anonymous(),
+                "serving an object-store source"
+            );
+            Ok(Arc::new(bucket))
+        })
+        .collect()
+}
+
+/// Lists `bucket` and serves what it holds now; logs (at warning level when `first`) when
+/// it cannot, and keeps serving what it served. Whether the listing succeeded.
+async fn sync_bucket(bucket: &Arc<Bucket>, state: &Arc<ServiceState>, first: bool) -> bool {
+    let url = bucket.address().url.clone();
+    let (task_bucket, task_state) = (bucket.clone(), state.clone());
+    let listed = tokio::task::spawn_blocking(move || {
+        let limits = task_state.sources().open_options().limits;
+        task_bucket.sync(task_state.sources(), &limits)
+    })
+    .await;
+    match listed {
+        Ok(Ok(synced)) => {
+            if synced.truncated {
+                tracing::warn!(
+                    store = %url,
+                    "the listing stopped at object_store_max_objects; objects past it are not served"
+                );
+            }
+            if synced.added + synced.changed + synced.removed > 0 {
+                tracing::info!(store = %url, added = synced.added, changed = synced.changed, removed = synced.removed, "object-store sources synced");
+            }
+            true
+        }
+        Ok(Err(err)) if first => {
+            tracing::warn!(store = %url, %err, "object store not listed; its sources are served once it is");
+            false
+        }
+        Ok(Err(err)) => {
+            tracing::debug!(store = %url, %err, "object store not listed; serving what is cached");
+            false
+        }
+        Err(join) => {
+            tracing::error!(store = %url, error = %join, "object-store listing failed");
+            false
+        }
+    }
+}
+
+/// Lists `bucket` every `rescan`, so a replaced object gets new chunk ids within it.
+async fn follow_bucket(bucket: Arc<Bucket>, state: Arc<ServiceState>, rescan: std::time::Duration) {
+    let mut reachable = true;
+    loop {
+        tokio::time::sleep(rescan).await;
+        let now = sync_bucket(&bucket, &state, false).await;
+        if now != reachable {
+            let url = &bucket.address().url;
+            if now {
+                tracing::info!(store = %url, "object store listed again");
+            } else {
+                tracing::warn!(store = %url, "object store cannot be listed; cached chunks keep serving");
             }
             reachable = now;
         }

@@ -29,6 +29,12 @@ pub enum Origin {
         /// The upstream's address, `grpc://host:port`.
         base: String,
     },
+    /// An object or Zarr store in an object store (`objstore/`), its path its url
+    /// (`s3://BUCKET/KEY`).
+    ObjectStore {
+        /// The store, `s3://BUCKET`.
+        base: String,
+    },
 }
 
 impl Origin {
@@ -44,7 +50,9 @@ impl Origin {
                 }
                 url
             }
-            Origin::Upstream { .. } => path.to_string_lossy().into_owned(),
+            Origin::Upstream { .. } | Origin::ObjectStore { .. } => {
+                path.to_string_lossy().into_owned()
+            }
         }
     }
 
@@ -66,6 +74,15 @@ impl Origin {
                 [host, id.trim_start_matches('/')]
                     .map(String::from)
                     .to_vec()
+            }
+            Origin::ObjectStore { base } => {
+                let url = path.to_string_lossy();
+                let key = url.strip_prefix(base.as_str()).unwrap_or(&url);
+                let bucket = base.split_once("://").map_or(base.as_str(), |(_, b)| b);
+                std::iter::once(bucket)
+                    .chain(key.split('/').filter(|s| !s.is_empty()))
+                    .map(String::from)
+                    .collect()
             }
         }
     }

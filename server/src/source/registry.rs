@@ -715,6 +715,24 @@ impl Registry {
         Err(reason)
     }
 
+    /// Adds a source opened outside the lock under a new id made unique from `base`, served
+    /// or refused (then listed with why, like a configured file that does not open): its id.
+    pub fn add_kept(&mut self, base: &str, mut opened: Opened) -> String {
+        let base = sanitize(base);
+        let id = self
+            .ids
+            .lock()
+            .assign(&base, &opened.path, |id| self.knows(id));
+        if let Ok(tensor) = &mut opened.result {
+            tensor.array_id.clone_from(&id);
+            tensor.source_id.clone_from(&id);
+        }
+        opened.id.clone_from(&id);
+        self.install(opened);
+        self.generation = next_generation();
+        id
+    }
+
     /// Ids of every source (served or refused) by path.
     pub fn ids_by_path(&self) -> HashMap<PathBuf, String> {
         self.tensors

@@ -319,7 +319,7 @@ impl AddPlan {
             .runtime_sources()
             .filter_map(|(_, origin)| match origin {
                 Origin::Dropped { label, root } => Some((label.clone(), root.clone())),
-                Origin::Configured | Origin::Upstream { .. } => None,
+                Origin::Configured | Origin::Upstream { .. } | Origin::ObjectStore { .. } => None,
             })
             .collect();
         if let Some((label, root)) = existing.iter().find(|(_, r)| self.resolved.starts_with(r)) {

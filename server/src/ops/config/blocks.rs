@@ -285,8 +285,19 @@ settings_block! {
         /// within it [default: 2s].
         #[arg(long, env = "TESSERA_UPSTREAM_POLL", value_name = "DURATION")]
         upstream_poll: Duration = Duration::of(DEFAULT_UPSTREAM_POLL),
+        /// Time between listings of an object-store source (`s3://`): an object replaced
+        /// or added gets new chunk ids, or is served, within it [default: 30s].
+        #[arg(long, env = "TESSERA_OBJECT_STORE_RESCAN", value_name = "DURATION")]
+        object_store_rescan: Duration = Duration::of(DEFAULT_OBJECT_STORE_RESCAN),
+        /// Most objects one listing of an object-store prefix takes in; past it the listing
+        /// stops and says so [default: 100000].
+        #[arg(long, env = "TESSERA_OBJECT_STORE_MAX_OBJECTS", value_name = "N")]
+        object_store_max_objects: usize = crate::objstore::DEFAULT_MAX_OBJECTS,
     }
 }
+
+/// Default of `--object-store-rescan`.
+pub const DEFAULT_OBJECT_STORE_RESCAN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Default of `--upstream-poll`.
 pub const DEFAULT_UPSTREAM_POLL: std::time::Duration = std::time::Duration::from_secs(2);

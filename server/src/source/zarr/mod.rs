@@ -28,6 +28,7 @@ pub use image::OmeImage;
 pub use version::tree_version;
 
 use node::Node;
+pub(crate) use node::{check_metadata, dtype_of_name};
 
 use super::Source;
 use super::npy::{Limits, Placement};

@@ -120,8 +120,19 @@ const V3_CODECS: &[&str] = &[
 /// Refuses, before zarrs is asked, an array at `dir` whose codec or dtype is not served.
 pub fn check_array(dir: &Path) -> Result<(), ZarrError> {
     let v2 = dir.join(".zarray");
-    let (codecs, dtype) = if v2.is_file() {
-        let doc = read_json(&v2)?;
+    if v2.is_file() {
+        check_metadata(true, &read_json(&v2)?, dir)
+    } else {
+        check_metadata(false, &read_json(&dir.join("zarr.json"))?, dir)
+    }
+}
+
+/// Refuses an array whose metadata document `doc` (`.zarray` when `v2`, else `zarr.json`)
+/// names a codec or dtype that is not served; `path` names the array in the refusal (a
+/// directory, or an object-store URL).
+pub fn check_metadata(v2: bool, doc: &Value, path: &Path) -> Result<(), ZarrError> {
+    let dir = path;
+    let (codecs, dtype) = if v2 {
         let mut codecs = Vec::new();
         if let Some(id) = doc.pointer("/compressor/id").and_then(Value::as_str) {
             codecs.push((id.to_string(), V2_CODECS));
@@ -142,8 +153,6 @@ pub fn check_array(dir: &Path) -> Result<(), ZarrError> {
         };
         (codecs, dtype)
     } else {
-        let path = dir.join("zarr.json");
-        let doc = read_json(&path)?;
         let mut codecs = Vec::new();
         collect_v3_codecs(doc.get("codecs"), &mut codecs);
         let dtype = match doc.get("data_type") {

@@ -1,0 +1,235 @@
+//! The client of one bucket: object_store's S3 client set up from the standard AWS
+//! environment variables, its requests bounded in number (`LimitStore`) and retried with
+//! backoff on server errors and throttling (`RetryConfig`), and blocking wrappers the
+//! sources call from the chunk service's blocking threads.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::limit::LimitStore;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    RetryConfig,
+};
+
+use crate::objstore::address::StoreAddress;
+use crate::objstore::error::ObjectStoreError;
+
+/// Requests one bucket's client has in flight at most (listing, heads and range reads of
+/// every source in it together).
+pub const MAX_REQUESTS: usize = 16;
+
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one request may take, its body included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The retries of one request: a few, with backoff, and never past this time, so a store
+/// that is down fails a read within seconds rather than minutes.
+fn retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: 4,
+        retry_timeout: Duration::from_secs(15),
+    }
+}
+
+/// The environment variables that give the client credentials (anonymous without them).
+const CREDENTIAL_VARS: [&str; 4] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+];
+
+/// What one listing found.
+#[derive(Debug)]
+pub struct Listing {
+    /// The objects, at most the cap, in the store's order.
+    pub objects: Vec<ObjectMeta>,
+    /// Whether the prefix holds more objects than the cap.
+    pub truncated: bool,
+}
+
+/// One bucket's client.
+#[derive(Clone)]
+pub struct Client {
+    address: StoreAddress,
+    store: Arc<dyn ObjectStore>,
+    runtime: tokio::runtime::Handle,
+    anonymous: bool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("address", &self.address.url)
+            .field("anonymous", &self.anonymous)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// The client of `address`'s bucket, set up from the `AWS_*` environment variables
+    /// (credentials, region, endpoint, plain HTTP); anonymous when none gives credentials.
+    /// Dials nothing yet; must be called on the runtime that will run its requests.
+    pub fn new(address: StoreAddress) -> Result<Client, ObjectStoreError> {
+        let options = ClientOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT);
+        let mut builder = AmazonS3Builder::new()
+            .with_client_options(options)
+            .with_retry(retry());
+        for (key, value) in std::env::vars_os() {
+            let (Some(key), Some(value)) = (key.to_str(), value.to_str()) else {
+                continue;
+            };
+            if let Some(config) = key
+                .starts_with("AWS_")
+                .then(|| key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>().ok())
+                .flatten()
+            {
+                builder = builder.with_config(config, value);
+            }
+        }
+        let anonymous = !CREDENTIAL_VARS
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+        let builder = builder
+            .with_bucket_name(&address.bucket)
+            .with_skip_signature(anonymous);
+        let s3 = builder.build().map_err(|e| ObjectStoreError::Setup {
+            url: address.url.clone(),
+            why: e.to_string(),
+        })?;
+        Ok(Client {
+            address,
+            store: Arc::new(LimitStore::new(s3, MAX_REQUESTS)),
+            runtime: tokio::runtime::Handle::current(),
+            anonymous,
+        })
+    }
+
+    /// The address the client was made for.
+    pub fn address(&self) -> &StoreAddress {
+        &self.address
+    }
+
+    /// Whether requests go unsigned (no credentials in the environment).
+    pub fn anonymous(&self) -> bool {
+        self.anonymous
+    }
+
+    /// The store, for zarrs' adapter.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    /// Runs `future` on the client's runtime and waits for it, from any thread of a
+    /// multi-threaded runtime or outside one (the chunk service reads on blocking threads,
+    /// zarrs on its own).
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        tokio::task::block_in_place(|| self.runtime.block_on(future))
+    }
+
+    fn error(&self, what: &'static str, key: &str, err: object_store::Error) -> ObjectStoreError {
+        ObjectStoreError::of_store(&self.address.base(), what, &self.address.url_of(key), err)
+    }
+
+    /// Lists the address: its one object, or the objects under its prefix, at most `cap`
+    /// (then `truncated`). Blocking.
+    pub fn list(&self, cap: usize) -> Result<Listing, ObjectStoreError> {
+        if self.address.object {
+            let key = self.address.prefix.clone();
+            let meta = self.head(&ObjectPath::from(key.as_str()))?;
+            return Ok(Listing {
+                objects: vec![meta],
+                truncated: false,
+            });
+        }
+        let prefix = self.address.prefix.trim_end_matches('/');
+        let prefix = (!prefix.is_empty()).then(|| ObjectPath::from(prefix));
+        self.block_on(async {
+            let mut stream = self.store.list(prefix.as_ref()).take(cap.saturating_add(1));
+            let mut objects = Vec::new();
+            while let Some(meta) = stream
+                .try_next()
+                .await
+                .map_err(|e| self.error("list", &self.address.prefix, e))?
+            {
+                objects.push(meta);
+            }
+            let truncated = objects.len() > cap;
+            objects.truncate(cap);
+            Ok(Listing { objects, truncated })
+        })
+    }
+
+    /// What the store says the object at `path` is now. Blocking.
+    pub fn head(&self, path: &ObjectPath) -> Result<ObjectMeta, ObjectStoreError> {
+        self.block_on(self.store.head(path))
+            .map_err(|e| self.error("look at", path.as_ref(), e))
+    }
+
+    /// The whole object at `path` (a metadata document). Blocking.
+    pub fn get(&self, path: &ObjectPath) -> Result<Bytes, ObjectStoreError> {
+        self.block_on(async { self.store.get(path).await?.bytes().await })
+            .map_err(|e| self.error("read", path.as_ref(), e))
+    }
+
+    /// The bytes `ranges` of the object at `path`, each checked to be exactly as long as
+    /// asked, and only while its ETag is still `e_tag` (a replaced object is refused as
+    /// changed, never read mixed). The ranges are fetched at once (the client bounds how
+    /// many). Blocking.
+    pub fn get_ranges(
+        &self,
+        path: &ObjectPath,
+        ranges: &[Range<u64>],
+        e_tag: Option<&str>,
+    ) -> Result<Vec<Bytes>, ObjectStoreError> {
+        let fetch = |range: Range<u64>| {
+            let options = GetOptions {
+                range: Some(GetRange::Bounded(range.clone())),
+                if_match: e_tag.map(str::to_string),
+                ..GetOptions::default()
+            };
+            async move {
+                let got = self.store.get_opts(path, options).await;
+                let bytes = match got {
+                    Ok(got) => got.bytes().await,
+                    Err(err) => Err(err),
+                }
+                .map_err(|e| self.error("read", path.as_ref(), e))?;
+                let want = range.end - range.start;
+                if bytes.len() as u64 != want {
+                    return Err(ObjectStoreError::Refused {
+                        url: self.address.url_of(path.as_ref()),
+                        why: format!(
+                            "the store answered {} bytes for bytes {}..{} ({want} asked)",
+                            bytes.len(),
+                            range.start,
+                            range.end
+                        ),
+                    });
+                }
+                Ok(bytes)
+            }
+        };
+        self.block_on(
+            futures::stream::iter(ranges.iter().cloned().map(fetch))
+                .buffered(MAX_REQUESTS)
+                .try_collect(),
+        )
+    }
+}

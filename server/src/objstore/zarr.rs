@@ -1,0 +1,247 @@
+//! A Zarr array (v2 or v3) in an object store as a [`Source`], read through zarrs on
+//! zarrs_object_store's adapter: the array's objects under its root, each chunk (or shard
+//! part) a request. The same codec and dtype checks as a store on disk refuse what is not
+//! served, by name.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+use object_store::prefix::PrefixStore;
+use serde_json::{Map, Value, json};
+use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
+use zarrs::storage::storage_adapter::async_to_sync::{
+    AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
+};
+use zarrs_object_store::AsyncObjectStore;
+
+use crate::content_version::{ContentVersion, FileVersion};
+use crate::objstore::client::Client;
+use crate::objstore::error::ObjectStoreError;
+use crate::source::npy::{Dtype, Limits};
+use crate::source::zarr::{check_metadata, dtype_of_name};
+use crate::source::{Source, SourceError, SourceErrorKind};
+
+/// How zarrs' synchronous API waits for the adapter's requests: on the client's runtime.
+#[derive(Debug)]
+pub struct BlockOn(Client);
+
+impl AsyncToSyncBlockOn for BlockOn {
+    fn block_on<F: core::future::Future>(&self, future: F) -> F::Output {
+        self.0.block_on(future)
+    }
+}
+
+/// The storage zarrs reads an object-store array through.
+type Storage =
+    AsyncToSyncStorageAdapter<AsyncObjectStore<PrefixStore<Arc<dyn ObjectStore>>>, BlockOn>;
+
+/// One Zarr array in an object store.
+pub struct ZarrObject {
+    client: Client,
+    url: PathBuf,
+    /// The key of its metadata document (`.zarray` or `zarr.json`).
+    metadata_key: ObjectPath,
+    array: Array<Storage>,
+    shape: Vec<u64>,
+    dtype: Dtype,
+    native_chunk: Vec<u64>,
+    zarr_format: u8,
+    version: FileVersion,
+    options: CodecOptions,
+}
+
+impl std::fmt::Debug for ZarrObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZarrObject")
+            .field("url", &self.url)
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZarrObject {
+    /// Opens the array at `root` (v2 when `v2`), its version `version`; `Ok(None)` when the
+    /// root's `zarr.json` is a group's (its arrays are sources of their own). Blocking.
+    pub fn open(
+        client: &Client,
+        root: &str,
+        v2: bool,
+        version: FileVersion,
+        limits: &Limits,
+    ) -> Result<Option<ZarrObject>, ObjectStoreError> {
+        let url = client.address().url_of(root);
+        let refuse = |why: String| ObjectStoreError::Refused {
+            url: url.clone(),
+            why,
+        };
+        let document = if v2 { ".zarray" } else { "zarr.json" };
+        let metadata_key = ObjectPath::from(if root.is_empty() {
+            document.to_string()
+        } else {
+            format!("{root}/{document}")
+        });
+        let bytes = client.get(&metadata_key)?;
+        let doc: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| refuse(format!("its {document} is not JSON: {e}")))?;
+        if !v2 && doc.get("node_type").and_then(Value::as_str) == Some("group") {
+            return Ok(None);
+        }
+        check_metadata(v2, &doc, Path::new(&url)).map_err(|e| refuse(e.to_string()))?;
+        let prefixed = PrefixStore::new(client.store(), root);
+        let storage = AsyncToSyncStorageAdapter::new(
+            Arc::new(AsyncObjectStore::new(prefixed)),
+            BlockOn(client.clone()),
+        );
+        let array = Array::open(Arc::new(storage), "/").map_err(|e| refuse(e.to_string()))?;
+        let name = array
+            .data_type()
+            .name(zarrs::plugin::ZarrVersion::V3)
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        let dtype = dtype_of_name(&name)
+            .and_then(|d| Dtype::parse(d).ok())
+            .ok_or_else(|| refuse(format!("its data type '{name}' is not served")))?;
+        let shape = array.shape().to_vec();
+        let elements = shape.iter().fold(1u64, |a, d| a.saturating_mul(*d));
+        let bytes = elements.saturating_mul(dtype.itemsize as u64);
+        if elements > limits.max_elements || bytes > limits.max_bytes {
+            return Err(refuse(format!(
+                "its shape {shape:?} is {bytes} bytes, more than this server serves"
+            )));
+        }
+        let origin = vec![0; shape.len()];
+        let native_chunk = array
+            .chunk_shape(&origin)
+            .map(|c| c.iter().map(|n| n.get()).collect())
+            .map_err(|e| refuse(format!("its chunk grid is not regular: {e}")))?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(Some(ZarrObject {
+            client: client.clone(),
+            url: PathBuf::from(url),
+            metadata_key,
+            array,
+            shape,
+            dtype,
+            native_chunk,
+            zarr_format: if v2 { 2 } else { 3 },
+            version,
+            options: CodecOptions::default().with_concurrent_target(threads),
+        }))
+    }
+
+    /// The array's own axis names (v3 `dimension_names`, or v2 `_ARRAY_DIMENSIONS`).
+    fn dimension_names(&self) -> Option<Vec<String>> {
+        if let Some(names) = self.array.dimension_names() {
+            let names: Option<Vec<String>> = names
+                .iter()
+                .map(|n| n.as_ref().map(|s| s.to_string()))
+                .collect();
+            if let Some(names) = names.filter(|n| n.len() == self.shape.len()) {
+                return Some(names);
+            }
+        }
+        let names: Option<Vec<String>> = self
+            .array
+            .attributes()
+            .get("_ARRAY_DIMENSIONS")
+            .and_then(Value::as_array)
+            .and_then(|listed| {
+                listed
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            });
+        names.filter(|n| n.len() == self.shape.len())
+    }
+
+    /// Why a read failed: the store is unreachable (one look at the metadata document tells),
+    /// or zarrs' own error, naming the array.
+    fn failure(&self, what: String) -> SourceError {
+        match self.client.head(&self.metadata_key) {
+            Err(err) if err.is_unreachable() => err.to_source_error(),
+            Err(err @ ObjectStoreError::Missing { .. }) => SourceError::new(
+                SourceErrorKind::Changed,
+                format!("{}: {what} ({err})", self.url.display()),
+            ),
+            _ => SourceError::new(
+                SourceErrorKind::Failed,
+                format!(
+                    "Zarr array {} could not be read: {what}",
+                    self.url.display()
+                ),
+            ),
+        }
+    }
+}
+
+impl Source for ZarrObject {
+    fn format(&self) -> &'static str {
+        "zarr"
+    }
+
+    fn path(&self) -> &Path {
+        &self.url
+    }
+
+    fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    fn dtype(&self) -> &Dtype {
+        &self.dtype
+    }
+
+    fn native_chunk(&self) -> Option<Vec<u64>> {
+        Some(self.native_chunk.clone())
+    }
+
+    fn version(&self) -> ContentVersion {
+        ContentVersion::File(self.version)
+    }
+
+    fn dim_labels(&self) -> Option<Vec<String>> {
+        self.dimension_names()
+    }
+
+    fn format_metadata(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        map.insert("zarr_format".into(), json!(self.zarr_format));
+        map.insert("zarr_chunks".into(), json!(self.native_chunk));
+        if !self.array.attributes().is_empty() {
+            map.insert(
+                "attributes".into(),
+                Value::Object(self.array.attributes().clone()),
+            );
+        }
+        map
+    }
+
+    fn is_resident(&self) -> bool {
+        false
+    }
+
+    fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
+        let ranges: Vec<std::ops::Range<u64>> =
+            start.iter().zip(stop).map(|(a, b)| *a..*b).collect();
+        let subset = ArraySubset::new_with_ranges(&ranges);
+        let bytes: ArrayBytes<'static> = self
+            .array
+            .retrieve_array_subset_opt(&subset, &self.options)
+            .map_err(|e| self.failure(e.to_string()))?;
+        let raw = bytes
+            .into_fixed()
+            .map_err(|e| self.failure(e.to_string()))?;
+        if raw.len() != out.len() {
+            return Err(self.failure(format!(
+                "decoded {} bytes where the region {start:?}..{stop:?} holds {}",
+                raw.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(&raw);
+        Ok(())
+    }
+}
