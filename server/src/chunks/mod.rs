@@ -410,12 +410,12 @@ impl ChunkService {
                 async move {
                     // The caller found the chunk cold before it got here; a run that
                     // ended in between has stored it (its entry goes only after the
-                    // store), so look again rather than decode it twice.
+                    // store), so look again rather than decode it twice. (Not the
+                    // memory fallback: a located chunk must reach the file cache, so one
+                    // held only in memory is decoded again, to be appended once the
+                    // appends' backoff allows.)
                     if service.store.contains(key) {
                         return Ok(Materialized::Stored);
-                    }
-                    if let Some(chunk) = service.fallback.get(key) {
-                        return Ok(Materialized::InMemory(chunk));
                     }
                     let permit = service
                         .decode_permits
