@@ -84,10 +84,17 @@ def worker_main(job: dict) -> None:
     planes = {}
     t0 = time.perf_counter()
     client = TensorFlightClient(job["location"])
+    t_connect = time.perf_counter()
     client.get_descriptor(job["id"], with_pyramid=True)
+    t_descriptor = time.perf_counter()
     arr = client.get_tensor(job["id"])
+    t_plan = time.perf_counter()
     planes[OPEN_Z] = np.asarray(arr[OPEN_Z].compute())
-    out["open"] = [time.perf_counter() - t0]
+    t_end = time.perf_counter()
+    out["open"] = [t_end - t0]
+    # Where the open goes: the client's connect, the descriptor, the plan, the first plane.
+    out["open_parts"] = {"connect": t_connect - t0, "descriptor": t_descriptor - t_connect,
+                         "plan": t_plan - t_descriptor, "plane": t_end - t_plan}
     for phase, zs in (("z-jump", JUMPS), ("z-step", STEPS), ("warm plane", (OPEN_Z,))):
         out[phase] = []
         for z in zs:
@@ -117,6 +124,10 @@ def _record(results, suffix, sessions, label_prefix):
             "page_cache_dropped": all(s["page_cache_dropped"] for s in sessions)}
         print(f"  {label_prefix} {phase}{suffix}: median {median(times) * 1e3:.1f} ms over {len(times)}",
               flush=True)
+    parts = {part: median([s["open_parts"][part] for s in sessions]) * 1e3
+             for part in sessions[0]["open_parts"]}
+    print(f"  {label_prefix} open{suffix}, medians: "
+          + ", ".join(f"{part} {ms:.1f} ms" for part, ms in parts.items()), flush=True)
 
 
 def tessera_rows(binary, path, work, reps, results, extra=(), label_prefix=NAME):

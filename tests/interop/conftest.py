@@ -35,6 +35,27 @@ def pytest_unconfigure(config):
     os._exit(status)
 
 
+def _client_environment() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith("BIOPB_")}
+
+
+@pytest.fixture(autouse=True)
+def client_environment_is_left_as_found():
+    """Fails a test that changes the biopb client's environment (`BIOPB_*`) for the tests
+    after it, and puts it back: one test's `BIOPB_CACHEFILE_TRANSFER_DISABLED=1` left in
+    `os.environ` turned every later test's mmap route into do_get without a word. Tests
+    change it with `monkeypatch.setenv`, which pytest undoes before this check runs."""
+    before = _client_environment()
+    yield
+    after = _client_environment()
+    if after != before:
+        for key in set(after) - set(before):
+            del os.environ[key]
+        os.environ.update(before)
+        pytest.fail(f"the test left the client's environment changed: {before} -> {after} "
+                    "(use monkeypatch.setenv)")
+
+
 def tessera_bin() -> str:
     path = os.environ.get("TESSERA_BIN") or str(ROOT / "target" / "debug" / "tessera")
     if not os.path.exists(path):

@@ -177,12 +177,12 @@ def test_objects_and_zarr_stores_read_exact_and_bad_ones_are_refused_by_name(
     assert SECRET not in log
 
 
-def test_a_replaced_object_gets_new_chunk_ids(start_server, moto, filled):
+def test_a_replaced_object_gets_new_chunk_ids(start_server, moto, filled, monkeypatch):
     server = start_server(f"s3://{BUCKET}/{PREFIX}", extra=GRID + ("--object-store-rescan", "300ms"),
                           env=moto.env())
     raw = flight.connect(server.location)
     before = [ep.ticket.ticket for ep in plan(raw, "u16_stack").endpoints]
-    os.environ["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
+    monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
     client = TensorFlightClient(server.location, cache_bytes=0)
     assert client.get_tensor("u16_stack").compute().tobytes() == filled["u16_stack"].tobytes()
 
@@ -211,14 +211,14 @@ def test_a_replaced_object_gets_new_chunk_ids(start_server, moto, filled):
 
 
 def test_a_denied_credential_is_refused_by_name_and_the_rest_serves(
-    start_server, moto, filled, fixture_dir, arrays
+    start_server, moto, filled, fixture_dir, arrays, monkeypatch
 ):
     moto.require_auth()
     server = start_server(f"s3://{BUCKET}/{PREFIX}", fixture_dir, extra=GRID, env=moto.env())
     log = log_text(server)
     assert f"s3://{BUCKET}/{PREFIX}" in log and "denied access" in log, log[-3000:]
     assert "InvalidAccessKeyId" in log or "403" in log, log[-3000:]
-    os.environ["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
+    monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
     client = TensorFlightClient(server.location, cache_bytes=0)
     assert client.get_tensor("be_i2").compute().tobytes() == arrays["be_i2"].tobytes()
     ids = set(client.query("SELECT source_id FROM sources").column("source_id").to_pylist())
@@ -226,10 +226,10 @@ def test_a_denied_credential_is_refused_by_name_and_the_rest_serves(
 
 
 def test_with_the_store_stopped_cached_cells_serve_and_others_are_unavailable(
-    start_server, moto, filled
+    start_server, moto, filled, monkeypatch
 ):
     server = start_server(f"s3://{BUCKET}/{PREFIX}", extra=GRID, env=moto.env())
-    os.environ["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
+    monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
     client = TensorFlightClient(server.location, cache_bytes=0)
     assert client.get_tensor("u16_stack").compute().tobytes() == filled["u16_stack"].tobytes()
     raw = flight.connect(server.location)

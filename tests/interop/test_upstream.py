@@ -98,8 +98,9 @@ def test_a_node_local_server_reads_the_origin_exact_and_fetches_each_chunk_once(
             assert getattr(here, field, None) == getattr(there, field, None), (name, field)
 
 
-def test_readers_at_once_cross_the_link_once(start_server, fixture_dir, arrays):
+def test_readers_at_once_cross_the_link_once(start_server, fixture_dir, arrays, monkeypatch):
     """Eight readers of one cold tensor at once: each origin chunk is fetched once."""
+    monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
     import concurrent.futures
 
     metrics = f"127.0.0.1:{free_port()}"
@@ -109,7 +110,6 @@ def test_readers_at_once_cross_the_link_once(start_server, fixture_dir, arrays):
     expected = arrays["u16_stack"].tobytes()
 
     def read(_):
-        os.environ["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
         return TensorFlightClient(node.location, cache_bytes=0).get_tensor("u16_stack").compute().tobytes()
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -147,12 +147,12 @@ def test_a_changed_origin_tensor_gets_new_chunk_ids(start_server, tmp_path):
 
 
 def test_with_the_origin_down_cached_chunks_serve_and_others_are_unavailable(
-    start_server, fixture_dir, arrays
+    start_server, fixture_dir, arrays, monkeypatch
 ):
     origin = start_server(fixture_dir, extra=ORIGIN_GRID)
     node = start_server(origin.location, extra=("--chunk-target", "6KiB"))
     upstream = origin.location
-    os.environ["BIOPB_CACHEFILE_TRANSFER_DISABLED"] = "1"
+    monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
     client = TensorFlightClient(node.location, cache_bytes=0)
     assert client.get_tensor("u16_stack").compute().tobytes() == arrays["u16_stack"].tobytes()
     raw = flight.connect(node.location)

@@ -75,6 +75,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether both grids are exactly the source's native chunks, never merged or cut: each
+    /// chunk costs a fetch over a link (an upstream server's chunk), so a cell made of
+    /// several, or a second grid over the same chunks, would fetch a chunk again for every
+    /// cell that holds it. `false`: the grids are planned for their readers.
+    fn cells_are_native(&self) -> bool {
+        false
+    }
+
     /// What the source's bytes are now (part of every chunk id).
     fn version(&self) -> ContentVersion;
 

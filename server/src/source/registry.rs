@@ -918,17 +918,28 @@ fn tensor_of(
         }
         .map_err(|e| format!("{}: {e}", path.display()))
     };
-    let grid = plan_grid(options.target_chunk_bytes, true)?;
-    let mapped_grid = plan_grid(
-        mapped_target(
-            shape,
-            itemsize,
-            fortran,
-            options.target_chunk_bytes,
-            options.mapped_chunk_bytes.max(options.target_chunk_bytes),
+    // One grid of the source's own chunks for both routes (`Source::cells_are_native`),
+    // unless a chunk is over the cap: then it is read in parts, as any source's.
+    let native_grid = native
+        .as_deref()
+        .filter(|_| source.cells_are_native())
+        .and_then(|native| ChunkGrid::with_chunk_shape(shape, itemsize, native).ok());
+    let (grid, mapped_grid) = match native_grid {
+        Some(grid) => (grid.clone(), grid),
+        None => (
+            plan_grid(options.target_chunk_bytes, true)?,
+            plan_grid(
+                mapped_target(
+                    shape,
+                    itemsize,
+                    fortran,
+                    options.target_chunk_bytes,
+                    options.mapped_chunk_bytes.max(options.target_chunk_bytes),
+                ),
+                false,
+            )?,
         ),
-        false,
-    )?;
+    };
     let version = source.version();
     let rank = shape.len();
     let dim_labels = match labels {

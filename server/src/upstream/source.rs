@@ -259,6 +259,10 @@ impl Source for UpstreamTensor {
         Some(self.chunk_shape.clone())
     }
 
+    fn cells_are_native(&self) -> bool {
+        true
+    }
+
     fn version(&self) -> ContentVersion {
         ContentVersion::File(self.version)
     }
