@@ -78,10 +78,14 @@ def worker_main(job: dict) -> None:
     import numpy as np
     from biopb.tensor import TensorFlightClient
 
-    out = {"page_cache_dropped": bench.drop_page_cache() if job.get("drop_caches") else False}
+    if job.get("drop_caches"):
+        out = {"page_cache_dropped": bench.drop_page_cache()}
+    else:
+        out = {"page_cache_dropped": evict_files(job["evict"])}
     cpu_pid = job.get("cpu_pid")
     cpu0 = bench.process_cpu_seconds(cpu_pid) if cpu_pid else 0.0
     planes = {}
+    majflt0 = _major_faults(cpu_pid) if cpu_pid else 0
     t0 = time.perf_counter()
     client = TensorFlightClient(job["location"])
     t_connect = time.perf_counter()
@@ -92,6 +96,9 @@ def worker_main(job: dict) -> None:
     planes[OPEN_Z] = np.asarray(arr[OPEN_Z].compute())
     t_end = time.perf_counter()
     out["open"] = [t_end - t0]
+    # Pages the server faulted in from disk meanwhile: its own code, after the page-cache
+    # drop, as much as the plane's bytes.
+    out["server_major_faults_open"] = (_major_faults(cpu_pid) - majflt0) if cpu_pid else 0
     # Where the open goes: the client's connect, the descriptor, the plan, the first plane.
     out["open_parts"] = {"connect": t_connect - t0, "descriptor": t_descriptor - t_connect,
                          "plan": t_plan - t_descriptor, "plane": t_end - t_plan}
@@ -109,9 +116,34 @@ def worker_main(job: dict) -> None:
     print(json.dumps(out))
 
 
-def _session(server, array_id, path) -> dict:
+def _major_faults(pid) -> int:
+    """The major page faults of process `pid` so far (`/proc/PID/stat`, field 12)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[9])
+
+
+def evict_files(paths) -> bool:
+    """Drops the page-cache pages of `paths` alone (written back first), so those files
+    are read from disk while everything else, the servers' code included, stays cached."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
+def data_files(root: pathlib.Path) -> list:
+    """Every file of the source at `root` (a file, or a store's folder)."""
+    return [str(root)] if root.is_file() else [str(p) for p in sorted(root.rglob("*")) if p.is_file()]
+
+
+def _session(server, array_id, path, cold, data) -> dict:
     return bench.run_worker({"kind": "planes", "location": server.location, "id": array_id,
-                             "path": str(path), "drop_caches": True, "cpu_pid": server.pid},
+                             "path": str(path), "drop_caches": cold == "all",
+                             "evict": data_files(data), "cpu_pid": server.pid},
                             script=__file__)
 
 
@@ -126,25 +158,27 @@ def _record(results, suffix, sessions, label_prefix):
               flush=True)
     parts = {part: median([s["open_parts"][part] for s in sessions]) * 1e3
              for part in sessions[0]["open_parts"]}
+    faults = median([s["server_major_faults_open"] for s in sessions])
     print(f"  {label_prefix} open{suffix}, medians: "
-          + ", ".join(f"{part} {ms:.1f} ms" for part, ms in parts.items()), flush=True)
+          + ", ".join(f"{part} {ms:.1f} ms" for part, ms in parts.items())
+          + f"; server major faults {faults:.0f}", flush=True)
 
 
-def tessera_rows(binary, path, work, reps, results, extra=(), label_prefix=NAME):
+def tessera_rows(binary, path, work, reps, results, extra=(), label_prefix=NAME, cold="all"):
     cache = work / "planes-cache"
     sessions = []
     for _ in range(reps):
         shutil.rmtree(cache, ignore_errors=True)
         server = bench.Server(binary, [path], cache, list(extra))
         try:
-            sessions.append(_session(server, NAME, path))
+            sessions.append(_session(server, NAME, path, cold, path))
         finally:
             server.stop()
             shutil.rmtree(cache, ignore_errors=True)
     _record(results, "", sessions, label_prefix)
 
 
-def reference_rows(path, work, reps, results, label_prefix=NAME):
+def reference_rows(path, work, reps, results, label_prefix=NAME, cold="all"):
     ref = bench.reference_module()
     binary = ref.ensure_installed()
     data = work / "planes-reference-zarr"
@@ -162,7 +196,7 @@ def reference_rows(path, work, reps, results, label_prefix=NAME):
             sources = bench.run_worker({"kind": "catalog", "location": server.location})["sources"]
             [array_id] = [s["source_id"] for s in sources
                           if (s.get("source_url") or "").rstrip("/").endswith(f"/{NAME}.zarr")]
-            sessions.append(_session(server, array_id, path))
+            sessions.append(_session(server, array_id, path, cold, data / f"{NAME}.zarr"))
         finally:
             server.stop()
             shutil.rmtree(scratch, ignore_errors=True)
@@ -170,13 +204,15 @@ def reference_rows(path, work, reps, results, label_prefix=NAME):
     _record(results, bench.REF_SUFFIX, sessions, label_prefix)
 
 
-def planes_phase(binary, work, reps, results, reference=True, extra=()):
-    """The rows of this benchmark, added to `results` (run.py's table format)."""
-    print("plane-wise reads (a viewer, one z-plane at a time):", flush=True)
+def planes_phase(binary, work, reps, results, reference=True, extra=(), cold="all"):
+    """The rows of this benchmark, added to `results` (run.py's table format). `cold`:
+    what a session starts without, "all" (the whole page cache dropped: the servers'
+    own code is read from disk again too) or "data" (only the source's files evicted)."""
+    print(f"plane-wise reads (a viewer, one z-plane at a time; cold: {cold}):", flush=True)
     path = make_volume(pathlib.Path(work))
-    tessera_rows(binary, path, pathlib.Path(work), reps, results, extra)
+    tessera_rows(binary, path, pathlib.Path(work), reps, results, extra, cold=cold)
     if reference:
-        reference_rows(path, pathlib.Path(work), reps, results)
+        reference_rows(path, pathlib.Path(work), reps, results, cold=cold)
 
 
 def table(results) -> str:
@@ -199,6 +235,9 @@ def main():
     ap.add_argument("--work", default="/tmp/tessera-bench")
     ap.add_argument("--reps", type=int, default=5, help="cold sessions per server (medians reported)")
     ap.add_argument("--no-reference", action="store_true", help="Tessera only")
+    ap.add_argument("--cold", choices=("all", "data"), default="all",
+                    help="all: drop the whole page cache before each session (servers' code too); "
+                         "data: evict only the source's files")
     ap.add_argument("--extra", action="append", default=[],
                     help="an argument for tessera serve (repeat), e.g. --extra=--mapped-chunk-target=0")
     args = ap.parse_args()
@@ -206,7 +245,7 @@ def main():
         worker_main(json.loads(args.worker))
         return
     results = {}
-    planes_phase(args.bin, args.work, args.reps, results, not args.no_reference, args.extra)
+    planes_phase(args.bin, args.work, args.reps, results, not args.no_reference, args.extra, args.cold)
     print()
     print(table(results))
     out = pathlib.Path(args.work) / "planes-results.json"

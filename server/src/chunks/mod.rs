@@ -129,6 +129,9 @@ pub struct ChunkService {
     decoding: Decodes<Result<Materialized, ChunkError>>,
     buffers: BufferPool,
     decode_permits: Semaphore,
+    /// Turns of decodes ahead (read-ahead, plan ends): one fewer than the decode permits,
+    /// so a request always finds a permit no guess holds.
+    ahead_turns: Semaphore,
     read_ahead_bytes: u64,
     /// A source touched more recently than this is not decoded until it is older.
     settle_window: Duration,
@@ -159,6 +162,7 @@ impl ChunkService {
             decoding: Decodes::default(),
             buffers: BufferPool::new(max_decodes),
             decode_permits: Semaphore::new(max_decodes.max(1)),
+            ahead_turns: Semaphore::new(max_decodes.saturating_sub(1).max(1)),
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
@@ -381,7 +385,11 @@ impl ChunkService {
         let service = self.clone();
         let tensor = tensor.clone();
         tokio::spawn(async move {
-            if let Err(err) = service.materialize(&tensor, &id, &key).await {
+            // The turn is waited for outside the single flight: a request for a chunk still
+            // queued here decodes it at once, and this decode then finds it stored.
+            if let Ok(_turn) = service.ahead_turns.acquire().await
+                && let Err(err) = service.materialize(&tensor, &id, &key).await
+            {
                 tracing::debug!(array_id = id.array_id(), chunk = ?id.region(), error = %err, "decoding ahead failed; the chunk is decoded when requested");
             }
             service.queued_ahead.lock().remove(&key);
