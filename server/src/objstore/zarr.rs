@@ -11,9 +11,11 @@ use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use serde_json::{Map, Value, json};
 use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
+use zarrs::storage::WritableStorageTraits;
 use zarrs::storage::storage_adapter::async_to_sync::{
     AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
 };
+use zarrs::storage::store::MemoryStore;
 use zarrs_object_store::AsyncObjectStore;
 
 use crate::content_version::{ContentVersion, FileVersion};
@@ -40,6 +42,8 @@ type Storage =
 /// One Zarr array in an object store.
 pub struct ZarrObject {
     client: Client,
+    /// The key prefix of its objects (`""`: the bucket's root).
+    root: String,
     url: PathBuf,
     /// The key of its metadata document (`.zarray` or `zarr.json`).
     metadata_key: ObjectPath,
@@ -126,6 +130,7 @@ impl ZarrObject {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(ZarrObject {
             client: client.clone(),
+            root: root.to_string(),
             url: PathBuf::from(url),
             metadata_key,
             array,
@@ -163,6 +168,41 @@ impl ZarrObject {
         names.filter(|n| n.len() == self.shape.len())
     }
 
+    /// The array over the chunks (or shards) `subset` touches, every one fetched first, all
+    /// at once (the bucket's client bounds the requests in flight), into memory: zarrs
+    /// then decodes without waiting on the store. Read through the adapter, zarrs would
+    /// wait on one request per decoding thread, a round trip each (docs/decisions/0037).
+    fn fetch(&self, subset: &ArraySubset) -> Result<Array<MemoryStore>, SourceError> {
+        let mut keys = Vec::new();
+        if let Some(chunks) = self
+            .array
+            .chunks_in_array_subset(subset)
+            .map_err(|e| self.failure(e.to_string()))?
+        {
+            for indices in &chunks.indices() {
+                keys.push(self.array.chunk_key(&indices));
+            }
+        }
+        let paths: Vec<ObjectPath> = keys
+            .iter()
+            .map(|k| ObjectPath::from(join(&self.root, k.as_str())))
+            .collect();
+        let fetched = self
+            .client
+            .get_all(&paths)
+            .map_err(|e| e.to_source_error())?;
+        let memory = MemoryStore::new();
+        for (key, bytes) in keys.iter().zip(fetched) {
+            if let Some(bytes) = bytes {
+                memory
+                    .set(key, bytes)
+                    .map_err(|e| self.failure(e.to_string()))?;
+            }
+        }
+        Array::new_with_metadata(Arc::new(memory), "/", self.array.metadata().clone())
+            .map_err(|e| self.failure(e.to_string()))
+    }
+
     /// Why a read failed: the store is unreachable (one look at the metadata document tells),
     /// or zarrs' own error, naming the array.
     fn failure(&self, what: String) -> SourceError {
@@ -193,17 +233,22 @@ pub fn metadata_document(
     document(client, root, if v2 { ".zarray" } else { "zarr.json" })
 }
 
+/// The key of `name` under `root` (`""`: the bucket's root).
+fn join(root: &str, name: &str) -> String {
+    if root.is_empty() {
+        name.to_string()
+    } else {
+        format!("{root}/{name}")
+    }
+}
+
 /// The key of the JSON document `name` of the node at `root`, and the document. Blocking.
 pub fn document(
     client: &Client,
     root: &str,
     name: &str,
 ) -> Result<(ObjectPath, Value), ObjectStoreError> {
-    let key = ObjectPath::from(if root.is_empty() {
-        name.to_string()
-    } else {
-        format!("{root}/{name}")
-    });
+    let key = ObjectPath::from(join(root, name));
     let bytes = client.get(&key)?;
     let doc = serde_json::from_slice(&bytes).map_err(|e| ObjectStoreError::Refused {
         url: client.address().url_of(key.as_ref()),
@@ -298,8 +343,8 @@ impl Source for ZarrObject {
         let ranges: Vec<std::ops::Range<u64>> =
             start.iter().zip(stop).map(|(a, b)| *a..*b).collect();
         let subset = ArraySubset::new_with_ranges(&ranges);
-        let bytes: ArrayBytes<'static> = self
-            .array
+        let fetched = self.fetch(&subset)?;
+        let bytes: ArrayBytes<'static> = fetched
             .retrieve_array_subset_opt(&subset, &self.options)
             .map_err(|e| self.failure(e.to_string()))?;
         let raw = bytes
