@@ -341,15 +341,15 @@ def ceiling_phase(link, res, keys, stored):
 
 
 def tessera_phase(args, link, res, work, nbytes, stored, reps, warm_reps):
-    address = f"s3://{BUCKET}/img.zarr"
+    address, array_id = f"s3://{BUCKET}/img.zarr", args.array_id
     for mode in MODES:
         times, scpu, ccpu, mcpu = [], [], [], []
         for i in range(reps):
             server = S3Tessera(args.bin, address, work, link.env(), "cold")
             try:
-                wait_for(server, "img")
+                wait_for(server, array_id)
                 m0 = link.moto_cpu()
-                r = run_own_worker({"kind": "cold", "location": server.location, "id": "img", "mode": mode,
+                r = run_own_worker({"kind": "cold", "location": server.location, "id": array_id, "mode": mode,
                                     "cpu_pid": server.pid})
                 mcpu.append(link.moto_cpu() - m0)
                 times += r["times"]
@@ -357,10 +357,10 @@ def tessera_phase(args, link, res, work, nbytes, stored, reps, warm_reps):
                 ccpu.append(r["client_cpu"])
                 if i == reps - 1:  # warm: the same server again
                     s0, m0 = server.cpu_seconds(), link.moto_cpu()
-                    w = bench.run_worker(fb.read_job(server.location, "img", mode, warm_reps))
+                    w = bench.run_worker(fb.read_job(server.location, array_id, mode, warm_reps))
                     row(w, res, f"warm {mode}, Tessera (s3)", nbytes, stored, link, server, s0, m0, warm_reps)
                     if mode == "doget":
-                        run_own_worker({"kind": "check", "location": server.location, "id": "img",
+                        run_own_worker({"kind": "check", "location": server.location, "id": array_id,
                                         "mode": mode, "path": str(work / "local" / "img.zarr" / "0")})
             finally:
                 server.stop()
@@ -501,6 +501,8 @@ def main():
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "guides" / "performance.md"))
     ap.add_argument("--measurement", default=None, help="also write the figures to this file")
+    ap.add_argument("--array-id", default="img",
+                    help="what Tessera's rows read: the image (img) or its level 0 array (img.0)")
     ap.add_argument("--delay-ms", type=float, default=20.0, help="added to each answer of moto's")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--moto", default=None, help=argparse.SUPPRESS)

@@ -321,3 +321,14 @@ def test_an_ome_zarr_image_is_one_tensor_with_its_native_levels(
         assert stats["locates"] > 0 and stats["do_gets"] == 0, stats
     else:
         assert stats["do_gets"] > 0 and stats["locates"] == 0, stats
+
+    # An address naming the store itself: the image keeps its name, its levels theirs.
+    if mode == "do_get":
+        one = start_server(f"s3://{BUCKET}/{PREFIX}cells.zarr", extra=("--chunk-target", "40KiB"),
+                           env=moto.env())
+        direct = biopb_client(one.location, mode, monkeypatch)
+        ids = set(direct.query("SELECT source_id FROM sources").column("source_id").to_pylist())
+        assert {"cells", "cells.0", "cells.1", "cells.2"} <= ids, ids
+        want = zarr.open_array(str(local / "2"), mode="r")[...]
+        got = direct.get_tensor("cells", scale_hint=[1, 4, 4], reduction_method="precompute").compute()
+        assert np.array_equal(got, want)

@@ -112,14 +112,29 @@ pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
 }
 
 /// The source id a key or root asks for (made unique by the registry): its path below the
-/// listed prefix, `.npy` and `.zarr` dropped from each segment, segments joined by `.`
-/// (`plates/p1.zarr/0` → `plates.p1.0`); the bucket's name when nothing is left.
+/// listed prefix (below the store's parent when the address names a `.zarr` store), `.npy`
+/// and `.zarr` dropped from each segment, segments joined by `.` (`plates/p1.zarr/0` →
+/// `plates.p1.0`); the bucket's name when nothing is left.
 pub fn id_of(address: &StoreAddress, key: &str) -> String {
-    let relative = address.relative(key);
-    let relative = if relative.is_empty() || relative == key && !address.prefix.is_empty() {
-        key.rsplit('/').next().unwrap_or(key)
+    let store = address.prefix.trim_end_matches('/');
+    let relative = if !address.object && store.to_ascii_lowercase().ends_with(".zarr") {
+        // An address naming one Zarr store: ids keep the store's name, as a store served
+        // from disk does (`img.zarr` → `img`, its dataset `img.zarr/0` → `img.0`, the id an
+        // OME-Zarr image's level is read under).
+        match store.rsplit_once('/') {
+            Some((parent, _)) => key
+                .strip_prefix(parent)
+                .and_then(|k| k.strip_prefix('/'))
+                .unwrap_or(key),
+            None => key,
+        }
     } else {
-        relative
+        let relative = address.relative(key);
+        if relative.is_empty() || relative == key && !address.prefix.is_empty() {
+            key.rsplit('/').next().unwrap_or(key)
+        } else {
+            relative
+        }
     };
     let parts: Vec<&str> = relative
         .split('/')
@@ -228,6 +243,10 @@ mod tests {
         // An address naming one store or one object: its own name is the id.
         let store = StoreAddress::parse("s3://lab/exp/v2.zarr").unwrap();
         assert_eq!(id_of(&store, "exp/v2.zarr"), "v2");
+        assert_eq!(id_of(&store, "exp/v2.zarr/0"), "v2.0");
+        let top = StoreAddress::parse("s3://lab/img.zarr/").unwrap();
+        assert_eq!(id_of(&top, "img.zarr"), "img");
+        assert_eq!(id_of(&top, "img.zarr/a/1"), "img.a.1");
         let one = StoreAddress::parse("s3://lab/exp/a.npy").unwrap();
         assert_eq!(id_of(&one, "exp/a.npy"), "a");
     }
