@@ -149,13 +149,14 @@ class ReferenceServer:
 
     `scratch` holds its config, log, catalog, uploads and BIOPB_* homes; `cache_dir`
     is its file cache (the segments its mmap fast path hands out). Both are made
-    fresh by the caller for a cold server. Ready means health SERVING, no
+    fresh by the caller for a cold server. `sources` and `credentials` replace the config's
+    source list (and add its credential profiles), for remote sources such as `s3://`. Ready means health SERVING, no
     registration pending, no full scan running, and `min_sources` sources listed; with
     `web`, also the HTTP sidecar's `/readyz` answering 200 at `http_base`.
     """
 
     def __init__(self, binary, data_dir, scratch, cache_dir, min_sources, start_timeout=180,
-                 web=False):
+                 web=False, sources=None, credentials=None, extra_env=None):
         self.scratch = pathlib.Path(scratch)
         self.cache_dir = pathlib.Path(cache_dir)
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -168,8 +169,10 @@ class ReferenceServer:
             "cache": {"file_cache_dir": str(self.cache_dir)},
             "precache": {"enabled": False},
             "catalog": {"store_path": str(self.scratch / "catalog.duckdb")},
-            "sources": [{"url": str(pathlib.Path(data_dir).resolve()), "monitor": True}],
+            "sources": sources or [{"url": str(pathlib.Path(data_dir).resolve()), "monitor": True}],
         }
+        if credentials:  # remote sources (benches/objstore.py): fsspec profiles
+            config["credentials"] = credentials
         self.config_path = self.scratch / "biopb.json"
         self.config_path.write_text(json.dumps(config, indent=2))
         port = _free_port()
@@ -184,6 +187,7 @@ class ReferenceServer:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("BIOPB_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
         env.update({k: str(v) for k, v in homes.items()})
+        env.update(extra_env or {})
         env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(

@@ -5,7 +5,8 @@
 # The server is not on PyPI as a wheel: it ships inside the biopb 0.13.0 source
 # distribution. This script downloads that sdist, unpacks it, makes a Python 3.12
 # virtualenv and installs biopb[tensor]==0.13.0 plus the unpacked server directory
-# (and zarr, which run.py uses to write the workloads as zarr v2 arrays).
+# (and zarr, which run.py uses to write the workloads as zarr v2 arrays, and s3fs, the
+# fsspec filesystem its server reads `s3://` sources through: benches/objstore.py).
 # Idempotent: a finished install (marker file) is left alone; re-run with --force to redo.
 set -euo pipefail
 
@@ -66,7 +67,7 @@ rm -rf "$VENV"
 VPY="$VENV/bin/python"
 "${NICE[@]}" "$VPY" -m pip install --quiet --upgrade pip setuptools wheel \
     || die "could not upgrade pip in $VENV"
-"${NICE[@]}" "$VPY" -m pip install --prefer-binary "biopb[tensor]==$VERSION" zarr \
+"${NICE[@]}" "$VPY" -m pip install --prefer-binary "biopb[tensor]==$VERSION" zarr s3fs \
     || die "could not install biopb[tensor]==$VERSION"
 # [web]: the server's CLI imports its HTTP front end (fastapi) at start-up, even for
 # `serve`, so the command does not run without that extra.

@@ -4,6 +4,7 @@ Fortran order) and Zarr v2 and v3 stores written by zarr-python, exact, on both 
 truncated object and a missing bucket are refused by name while the rest serves; a
 replaced object gets new chunk ids; a denied credential is refused by name; with the store
 stopped, cached cells keep serving and the others fail UNAVAILABLE naming the store."""
+import json
 import os
 import pathlib
 import socket
@@ -245,3 +246,89 @@ def test_with_the_store_stopped_cached_cells_serve_and_others_are_unavailable(
             raw.do_get(info.endpoints[len(info.endpoints) // 2].ticket).read_all()
         message = str(refused.value)
         assert f"s3://{BUCKET}" in message and "unreachable" in message, (name, message)
+
+
+def write_ome(path, base, version):
+    """An OME-Zarr image written with zarr-python: three levels (1, 2, 4 in y and x), NGFF
+    0.4 (Zarr v2, `.zattrs`) or 0.5 (Zarr v3, `zarr.json` attributes `ome`), physical
+    scales and axis units, a channel name."""
+    fmt = 2 if version == "0.4" else 3
+    root = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    datasets = []
+    for i in range(3):
+        level = np.ascontiguousarray(base[:, :: 2 ** i, :: 2 ** i])
+        a = root.create_array(str(i), shape=level.shape, chunks=(2, 32, 32), dtype=level.dtype)
+        a[...] = level
+        datasets.append({"path": str(i), "coordinateTransformations": [
+            {"type": "scale", "scale": [2.0, 0.325 * 2 ** i, 0.325 * 2 ** i]}]})
+    ms = {"axes": [{"name": n, "type": "space", "unit": "micrometer"} for n in "zyx"],
+          "datasets": datasets, "name": "cells"}
+    omero = {"channels": [{"label": "DAPI", "color": "0000FF"}]}
+    if version == "0.4":
+        root.attrs.update({"multiscales": [{**ms, "version": "0.4"}], "omero": omero})
+    else:
+        root.attrs.update({"ome": {"version": "0.5", "multiscales": [ms], "omero": omero}})
+
+
+def upload_dir(moto, local, key_prefix):
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            moto.put(key_prefix + path.relative_to(local).as_posix(), path.read_bytes())
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+@pytest.mark.parametrize("mode", ["do_get", "mmap"])
+def test_an_ome_zarr_image_is_one_tensor_with_its_native_levels(
+    version, mode, monkeypatch, start_server, moto, tmp_path
+):
+    moto.s3.create_bucket(Bucket=BUCKET)
+    base = np.random.default_rng(5).integers(0, 60000, (5, 130, 150), dtype="<u2")
+    local = tmp_path / "data" / "local.zarr"
+    write_ome(local, base, version)
+    upload_dir(moto, local, f"{PREFIX}cells.zarr/")
+    server = start_server(f"s3://{BUCKET}/{PREFIX}", tmp_path / "data", extra=("--chunk-target", "40KiB"),
+                          env=moto.env())
+    client = biopb_client(server.location, mode, monkeypatch)
+    rows = client.query("SELECT source_id, source_url FROM sources").to_pylist()
+    by_id = {r["source_id"]: r["source_url"] for r in rows}
+    assert by_id["cells"] == f"s3://{BUCKET}/{PREFIX}cells.zarr", by_id
+
+    # Advertised as the local copy is: labels, native levels, physical scale, metadata.
+    remote = client.get_descriptor("cells", with_metadata=True)
+    near = client.get_descriptor("local", with_metadata=True)
+    assert list(remote.dim_labels) == list(near.dim_labels) == ["z", "y", "x"]
+    assert [list(p.scale_hint) for p in remote.pyramid] == [[1, 1, 1], [1, 2, 2], [1, 4, 4]]
+    assert all(p.native and p.reduction_method == "precompute" for p in remote.pyramid)
+    assert [(list(p.scale_hint), tuple(p.shape), p.native) for p in remote.pyramid] == \
+        [(list(p.scale_hint), tuple(p.shape), p.native) for p in near.pyramid]
+    assert list(remote.physical_scale) == pytest.approx(list(near.physical_scale))
+    assert list(remote.physical_unit) == list(near.physical_unit)
+    meta = json.loads(remote.metadata_json)
+    assert meta["format"] == "ome-zarr" and meta["channel_names"] == ["DAPI"], meta
+    assert meta["ngff_version"] == version
+
+    # Every level, by scale_hint and by its own id, exactly as zarr-python reads it.
+    for i in range(3):
+        want = zarr.open_array(str(local / str(i)), mode="r")[...]
+        got = client.get_tensor("cells", scale_hint=[1, 2 ** i, 2 ** i], reduction_method="precompute").compute()
+        assert got.dtype == want.dtype and np.array_equal(got, want), (version, i)
+        assert np.array_equal(client.get_tensor(f"cells.{i}").compute(), want), (version, i)
+    sl = (slice(1, 4), slice(20, 101), slice(8, 140))
+    got = client.get_tensor("cells", slice_hint=sl).compute()
+    assert np.array_equal(got, base[sl])
+    stats = client.cache_stats()
+    if mode == "mmap":
+        assert stats["locates"] > 0 and stats["do_gets"] == 0, stats
+    else:
+        assert stats["do_gets"] > 0 and stats["locates"] == 0, stats
+
+    # An address naming the store itself: the image keeps its name, its levels theirs.
+    if mode == "do_get":
+        one = start_server(f"s3://{BUCKET}/{PREFIX}cells.zarr", extra=("--chunk-target", "40KiB"),
+                           env=moto.env())
+        direct = biopb_client(one.location, mode, monkeypatch)
+        ids = set(direct.query("SELECT source_id FROM sources").column("source_id").to_pylist())
+        assert {"cells", "cells.0", "cells.1", "cells.2"} <= ids, ids
+        want = zarr.open_array(str(local / "2"), mode="r")[...]
+        got = direct.get_tensor("cells", scale_hint=[1, 4, 4], reduction_method="precompute").compute()
+        assert np.array_equal(got, want)

@@ -188,6 +188,31 @@ impl Client {
             .map_err(|e| self.error("read", path.as_ref(), e))
     }
 
+    /// The whole objects at `paths`, fetched at once (the client bounds how many are in
+    /// flight), in order; `None` for an object the store does not have (a Zarr chunk never
+    /// written: its fill value). Blocking.
+    pub fn get_all(&self, paths: &[ObjectPath]) -> Result<Vec<Option<Bytes>>, ObjectStoreError> {
+        let fetch = |path: &ObjectPath| {
+            let path = path.clone();
+            async move {
+                let got = match self.store.get(&path).await {
+                    Ok(got) => got.bytes().await,
+                    Err(err) => Err(err),
+                };
+                match got {
+                    Ok(bytes) => Ok(Some(bytes)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(err) => Err(self.error("read", path.as_ref(), err)),
+                }
+            }
+        };
+        self.block_on(
+            futures::stream::iter(paths.iter().map(fetch))
+                .buffered(MAX_REQUESTS)
+                .try_collect(),
+        )
+    }
+
     /// The bytes `ranges` of the object at `path`, each checked to be exactly as long as
     /// asked, and only while its ETag is still `e_tag` (a replaced object is refused as
     /// changed, never read mixed). The ranges are fetched at once (the client bounds how

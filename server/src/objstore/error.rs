@@ -66,6 +66,9 @@ pub enum ObjectStoreError {
         /// Why.
         why: String,
     },
+    /// An OME-Zarr image whose metadata or datasets do not make one pyramid.
+    #[error(transparent)]
+    Image(#[from] crate::source::zarr::ZarrError),
     /// The store answered something else.
     #[error("object store failed to {what} {url}: {answer}")]
     Failed {

@@ -18,15 +18,29 @@ pub enum Found {
         /// Its content version.
         version: FileVersion,
     },
-    /// A Zarr array's root (the key prefix of its objects, without the trailing `/`).
+    /// A Zarr array's or group's root (the key prefix of its objects, without the
+    /// trailing `/`).
     Zarr {
         /// The root (`""`: the bucket's root).
         root: String,
-        /// Zarr v2 (`.zarray`) rather than v3 (`zarr.json`, maybe a group).
-        v2: bool,
+        /// Which metadata document it has.
+        node: ZarrNode,
         /// Its content version: every object under the root.
         version: FileVersion,
     },
+}
+
+/// The metadata document a Zarr root holds, so what it may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ZarrNode {
+    /// `.zarray`: a Zarr v2 array.
+    V2Array,
+    /// `.zgroup` or `.zattrs` without `.zarray`: a Zarr v2 group (an OME-Zarr 0.4 image
+    /// when its `.zattrs` has `multiscales`).
+    V2Group,
+    /// `zarr.json`: a Zarr v3 array or group (an OME-Zarr 0.5 image when its attributes
+    /// have `ome`).
+    V3,
 }
 
 impl Found {
@@ -51,18 +65,20 @@ impl Found {
 pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
     let mut sorted: Vec<&ObjectMeta> = objects.iter().collect();
     sorted.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
-    let mut roots: Vec<(String, bool)> = Vec::new();
+    let mut roots: Vec<(String, ZarrNode)> = Vec::new();
     for meta in &sorted {
         let key = meta.location.as_ref();
         let (dir, name) = key.rsplit_once('/').unwrap_or(("", key));
-        match name {
-            ".zarray" => roots.push((dir.to_string(), true)),
-            "zarr.json" if !roots.iter().any(|(r, v2)| r == dir && *v2) => {
-                roots.push((dir.to_string(), false));
-            }
-            _ => {}
-        }
+        let node = match name {
+            ".zarray" => ZarrNode::V2Array,
+            ".zgroup" | ".zattrs" => ZarrNode::V2Group,
+            "zarr.json" => ZarrNode::V3,
+            _ => continue,
+        };
+        roots.push((dir.to_string(), node));
     }
+    // One root per directory, the first document in this order: `.zarray` (an array's
+    // `.zattrs` is no group), `.zgroup`/`.zattrs`, `zarr.json`.
     roots.sort();
     roots.dedup_by(|a, b| a.0 == b.0);
     let under = |root: &str, key: &str| root.is_empty() || key.starts_with(&format!("{root}/"));
@@ -70,7 +86,9 @@ pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
     for meta in &sorted {
         let key = meta.location.as_ref();
         if key.to_ascii_lowercase().ends_with(".npy")
-            && !roots.iter().any(|(root, _)| under(root, key))
+            && !roots
+                .iter()
+                .any(|(root, node)| *node != ZarrNode::V2Group && under(root, key))
         {
             found.push(Found::Npy {
                 meta: (*meta).clone(),
@@ -78,7 +96,7 @@ pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
             });
         }
     }
-    for (root, v2) in roots {
+    for (root, node) in roots {
         let objects = sorted
             .iter()
             .copied()
@@ -86,7 +104,7 @@ pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
         found.push(Found::Zarr {
             version: version_of(objects),
             root,
-            v2,
+            node,
         });
     }
     found.sort_by(|a, b| a.key().cmp(b.key()));
@@ -94,14 +112,29 @@ pub fn classify(objects: &[ObjectMeta]) -> Vec<Found> {
 }
 
 /// The source id a key or root asks for (made unique by the registry): its path below the
-/// listed prefix, `.npy` and `.zarr` dropped from each segment, segments joined by `.`
-/// (`plates/p1.zarr/0` → `plates.p1.0`); the bucket's name when nothing is left.
+/// listed prefix (below the store's parent when the address names a `.zarr` store), `.npy`
+/// and `.zarr` dropped from each segment, segments joined by `.` (`plates/p1.zarr/0` →
+/// `plates.p1.0`); the bucket's name when nothing is left.
 pub fn id_of(address: &StoreAddress, key: &str) -> String {
-    let relative = address.relative(key);
-    let relative = if relative.is_empty() || relative == key && !address.prefix.is_empty() {
-        key.rsplit('/').next().unwrap_or(key)
+    let store = address.prefix.trim_end_matches('/');
+    let relative = if !address.object && store.to_ascii_lowercase().ends_with(".zarr") {
+        // An address naming one Zarr store: ids keep the store's name, as a store served
+        // from disk does (`img.zarr` → `img`, its dataset `img.zarr/0` → `img.0`, the id an
+        // OME-Zarr image's level is read under).
+        match store.rsplit_once('/') {
+            Some((parent, _)) => key
+                .strip_prefix(parent)
+                .and_then(|k| k.strip_prefix('/'))
+                .unwrap_or(key),
+            None => key,
+        }
     } else {
-        relative
+        let relative = address.relative(key);
+        if relative.is_empty() || relative == key && !address.prefix.is_empty() {
+            key.rsplit('/').next().unwrap_or(key)
+        } else {
+            relative
+        }
     };
     let parts: Vec<&str> = relative
         .split('/')
@@ -200,8 +233,8 @@ mod tests {
         let ids: Vec<String> = keys.iter().map(|k| id_of(&address, k)).collect();
         assert_eq!(ids, ["a", "img", "img.0", "sub.B", "v2"]);
         match &found[4] {
-            Found::Zarr { v2, version, .. } => {
-                assert!(*v2);
+            Found::Zarr { node, version, .. } => {
+                assert_eq!(*node, ZarrNode::V2Array);
                 assert_eq!(version.size, 340);
                 assert_eq!(version.dev, OBJECT_DEV);
             }
@@ -210,8 +243,42 @@ mod tests {
         // An address naming one store or one object: its own name is the id.
         let store = StoreAddress::parse("s3://lab/exp/v2.zarr").unwrap();
         assert_eq!(id_of(&store, "exp/v2.zarr"), "v2");
+        assert_eq!(id_of(&store, "exp/v2.zarr/0"), "v2.0");
+        let top = StoreAddress::parse("s3://lab/img.zarr/").unwrap();
+        assert_eq!(id_of(&top, "img.zarr"), "img");
+        assert_eq!(id_of(&top, "img.zarr/a/1"), "img.a.1");
         let one = StoreAddress::parse("s3://lab/exp/a.npy").unwrap();
         assert_eq!(id_of(&one, "exp/a.npy"), "a");
+    }
+
+    #[test]
+    fn a_v2_group_is_a_root_of_its_own_and_an_arrays_attributes_are_not() {
+        let listed = [
+            meta("ome.zarr/.zattrs", 900, "1"),
+            meta("ome.zarr/.zgroup", 20, "2"),
+            meta("ome.zarr/0/.zarray", 300, "3"),
+            meta("ome.zarr/0/.zattrs", 30, "4"),
+            meta("ome.zarr/0/0.0.0", 40, "5"),
+            meta("ome.zarr/notes.npy", 128, "6"),
+        ];
+        let found = classify(&listed);
+        let nodes: Vec<(&str, Option<ZarrNode>)> = found
+            .iter()
+            .map(|f| match f {
+                Found::Zarr { root, node, .. } => (root.as_str(), Some(*node)),
+                Found::Npy { .. } => (f.key(), None),
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("ome.zarr", Some(ZarrNode::V2Group)),
+                ("ome.zarr/0", Some(ZarrNode::V2Array)),
+                ("ome.zarr/notes.npy", None),
+            ]
+        );
+        // The image's version covers its datasets' objects.
+        assert_eq!(found[0].version().size, 1418);
     }
 
     #[test]

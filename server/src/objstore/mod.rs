@@ -5,6 +5,7 @@
 //! ```text
 //!  Bucket::sync ── list the prefix (capped) ── classify (listing.rs) ──▶ NpyObject (npy.rs)
 //!       │           once at start, then every object_store_rescan        ZarrObject (zarr.rs)
+//!       │                                                                 OmeImage (ome.rs)
 //!       ▼                                                                 one Source each,
 //!  Sources (registry: add_kept, install_reopened, remove)                 its version from
 //!                                                                         ETag, mtime, size
@@ -24,6 +25,7 @@ pub mod client;
 pub mod error;
 pub mod listing;
 pub mod npy;
+pub mod ome;
 pub mod zarr;
 
 use std::collections::{HashMap, HashSet};
@@ -176,7 +178,8 @@ impl Bucket {
         Ok(synced)
     }
 
-    /// Opens one source the listing found; `Ok(None)`: no source (a Zarr group).
+    /// Opens one source the listing found; `Ok(None)`: no source (a Zarr group that is no
+    /// image).
     fn open(
         &self,
         found: &Found,
@@ -187,10 +190,11 @@ impl Bucket {
                 npy::NpyObject::open(&self.client, meta, *version, limits)
                     .map(|s| Some(Arc::new(s) as Arc<dyn Source>))
             }
-            Found::Zarr { root, v2, version } => {
-                zarr::ZarrObject::open(&self.client, root, *v2, *version, limits)
-                    .map(|s| s.map(|s| Arc::new(s) as Arc<dyn Source>))
-            }
+            Found::Zarr {
+                root,
+                node,
+                version,
+            } => ome::open_node(&self.client, root, *node, *version, limits),
         }
     }
 }

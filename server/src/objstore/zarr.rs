@@ -11,16 +11,18 @@ use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use serde_json::{Map, Value, json};
 use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
+use zarrs::storage::WritableStorageTraits;
 use zarrs::storage::storage_adapter::async_to_sync::{
     AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
 };
+use zarrs::storage::store::MemoryStore;
 use zarrs_object_store::AsyncObjectStore;
 
 use crate::content_version::{ContentVersion, FileVersion};
 use crate::objstore::client::Client;
 use crate::objstore::error::ObjectStoreError;
 use crate::source::npy::{Dtype, Limits};
-use crate::source::zarr::{check_metadata, dtype_of_name};
+use crate::source::zarr::{Dataset, check_metadata, dtype_of_name};
 use crate::source::{Source, SourceError, SourceErrorKind};
 
 /// How zarrs' synchronous API waits for the adapter's requests: on the client's runtime.
@@ -40,6 +42,8 @@ type Storage =
 /// One Zarr array in an object store.
 pub struct ZarrObject {
     client: Client,
+    /// The key prefix of its objects (`""`: the bucket's root).
+    root: String,
     url: PathBuf,
     /// The key of its metadata document (`.zarray` or `zarr.json`).
     metadata_key: ObjectPath,
@@ -72,24 +76,30 @@ impl ZarrObject {
         version: FileVersion,
         limits: &Limits,
     ) -> Result<Option<ZarrObject>, ObjectStoreError> {
+        let (metadata_key, doc) = metadata_document(client, root, v2)?;
+        if !v2 && doc.get("node_type").and_then(Value::as_str) == Some("group") {
+            return Ok(None);
+        }
+        Self::open_with(client, root, v2, metadata_key, &doc, version, limits).map(Some)
+    }
+
+    /// Opens the array at `root` whose metadata document, read from `metadata_key`, is
+    /// `doc`. Blocking.
+    pub fn open_with(
+        client: &Client,
+        root: &str,
+        v2: bool,
+        metadata_key: ObjectPath,
+        doc: &Value,
+        version: FileVersion,
+        limits: &Limits,
+    ) -> Result<ZarrObject, ObjectStoreError> {
         let url = client.address().url_of(root);
         let refuse = |why: String| ObjectStoreError::Refused {
             url: url.clone(),
             why,
         };
-        let document = if v2 { ".zarray" } else { "zarr.json" };
-        let metadata_key = ObjectPath::from(if root.is_empty() {
-            document.to_string()
-        } else {
-            format!("{root}/{document}")
-        });
-        let bytes = client.get(&metadata_key)?;
-        let doc: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| refuse(format!("its {document} is not JSON: {e}")))?;
-        if !v2 && doc.get("node_type").and_then(Value::as_str) == Some("group") {
-            return Ok(None);
-        }
-        check_metadata(v2, &doc, Path::new(&url)).map_err(|e| refuse(e.to_string()))?;
+        check_metadata(v2, doc, Path::new(&url)).map_err(|e| refuse(e.to_string()))?;
         let prefixed = PrefixStore::new(client.store(), root);
         let storage = AsyncToSyncStorageAdapter::new(
             Arc::new(AsyncObjectStore::new(prefixed)),
@@ -118,8 +128,9 @@ impl ZarrObject {
             .map(|c| c.iter().map(|n| n.get()).collect())
             .map_err(|e| refuse(format!("its chunk grid is not regular: {e}")))?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Ok(Some(ZarrObject {
+        Ok(ZarrObject {
             client: client.clone(),
+            root: root.to_string(),
             url: PathBuf::from(url),
             metadata_key,
             array,
@@ -129,7 +140,7 @@ impl ZarrObject {
             zarr_format: if v2 { 2 } else { 3 },
             version,
             options: CodecOptions::default().with_concurrent_target(threads),
-        }))
+        })
     }
 
     /// The array's own axis names (v3 `dimension_names`, or v2 `_ARRAY_DIMENSIONS`).
@@ -157,6 +168,41 @@ impl ZarrObject {
         names.filter(|n| n.len() == self.shape.len())
     }
 
+    /// The array over the chunks (or shards) `subset` touches, every one fetched first, all
+    /// at once (the bucket's client bounds the requests in flight), into memory: zarrs
+    /// then decodes without waiting on the store. Read through the adapter, zarrs would
+    /// wait on one request per decoding thread, a round trip each (docs/decisions/0037).
+    fn fetch(&self, subset: &ArraySubset) -> Result<Array<MemoryStore>, SourceError> {
+        let mut keys = Vec::new();
+        if let Some(chunks) = self
+            .array
+            .chunks_in_array_subset(subset)
+            .map_err(|e| self.failure(e.to_string()))?
+        {
+            for indices in &chunks.indices() {
+                keys.push(self.array.chunk_key(&indices));
+            }
+        }
+        let paths: Vec<ObjectPath> = keys
+            .iter()
+            .map(|k| ObjectPath::from(join(&self.root, k.as_str())))
+            .collect();
+        let fetched = self
+            .client
+            .get_all(&paths)
+            .map_err(|e| e.to_source_error())?;
+        let memory = MemoryStore::new();
+        for (key, bytes) in keys.iter().zip(fetched) {
+            if let Some(bytes) = bytes {
+                memory
+                    .set(key, bytes)
+                    .map_err(|e| self.failure(e.to_string()))?;
+            }
+        }
+        Array::new_with_metadata(Arc::new(memory), "/", self.array.metadata().clone())
+            .map_err(|e| self.failure(e.to_string()))
+    }
+
     /// Why a read failed: the store is unreachable (one look at the metadata document tells),
     /// or zarrs' own error, naming the array.
     fn failure(&self, what: String) -> SourceError {
@@ -174,6 +220,76 @@ impl ZarrObject {
                 ),
             ),
         }
+    }
+}
+
+/// The key of the metadata document of the node at `root` (`.zarray` when `v2`, else
+/// `zarr.json`) and the document. Blocking.
+pub fn metadata_document(
+    client: &Client,
+    root: &str,
+    v2: bool,
+) -> Result<(ObjectPath, Value), ObjectStoreError> {
+    document(client, root, if v2 { ".zarray" } else { "zarr.json" })
+}
+
+/// The key of `name` under `root` (`""`: the bucket's root).
+fn join(root: &str, name: &str) -> String {
+    if root.is_empty() {
+        name.to_string()
+    } else {
+        format!("{root}/{name}")
+    }
+}
+
+/// The key of the JSON document `name` of the node at `root`, and the document. Blocking.
+pub fn document(
+    client: &Client,
+    root: &str,
+    name: &str,
+) -> Result<(ObjectPath, Value), ObjectStoreError> {
+    let key = ObjectPath::from(join(root, name));
+    let bytes = client.get(&key)?;
+    let doc = serde_json::from_slice(&bytes).map_err(|e| ObjectStoreError::Refused {
+        url: client.address().url_of(key.as_ref()),
+        why: format!("it is not JSON: {e}"),
+    })?;
+    Ok((key, doc))
+}
+
+impl Dataset for ZarrObject {
+    fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    fn dtype(&self) -> &Dtype {
+        &self.dtype
+    }
+
+    fn native_chunk(&self) -> &[u64] {
+        &self.native_chunk
+    }
+
+    fn metadata(&self) -> Map<String, Value> {
+        self.format_metadata()
+    }
+
+    fn read(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
+        self.read_region(start, stop, out)
+    }
+
+    /// The version the image was listed at (every object under its root).
+    fn image_version(&self) -> ContentVersion {
+        ContentVersion::File(self.version)
+    }
+
+    fn is_resident(&self) -> bool {
+        false
+    }
+
+    /// A change is seen at the next listing (docs/decisions/0037), not per request.
+    fn check_image(&self) -> Result<(), SourceError> {
+        Ok(())
     }
 }
 
@@ -227,8 +343,8 @@ impl Source for ZarrObject {
         let ranges: Vec<std::ops::Range<u64>> =
             start.iter().zip(stop).map(|(a, b)| *a..*b).collect();
         let subset = ArraySubset::new_with_ranges(&ranges);
-        let bytes: ArrayBytes<'static> = self
-            .array
+        let fetched = self.fetch(&subset)?;
+        let bytes: ArrayBytes<'static> = fetched
             .retrieve_array_subset_opt(&subset, &self.options)
             .map_err(|e| self.failure(e.to_string()))?;
         let raw = bytes

@@ -249,25 +249,42 @@ impl ZarrArray {
         let docs = [".zarray", ".zattrs", "zarr.json"].map(|d| format!("{}{d}", self.prefix));
         self.snapshot.check(docs.iter().map(String::as_str))
     }
+}
 
-    /// The array's shape.
-    pub fn shape(&self) -> &[u64] {
+impl super::image::Dataset for ZarrArray {
+    fn shape(&self) -> &[u64] {
         &self.shape
     }
 
-    /// The element type (native byte order: zarrs decodes to it).
-    pub fn dtype(&self) -> &Dtype {
+    fn dtype(&self) -> &Dtype {
         &self.dtype
     }
 
-    /// The extent of its chunks (or shards).
-    pub fn native_chunk(&self) -> &[u64] {
+    fn native_chunk(&self) -> &[u64] {
         &self.native_chunk
     }
 
-    /// The snapshot its reads are checked against.
-    pub fn snapshot(&self) -> &Snapshot {
-        &self.snapshot
+    fn metadata(&self) -> Map<String, Value> {
+        ZarrArray::metadata(self)
+    }
+
+    fn read(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
+        Ok(self.read_into(start, stop, out)?)
+    }
+
+    fn image_version(&self) -> ContentVersion {
+        ContentVersion::File(self.snapshot.version())
+    }
+
+    fn is_resident(&self) -> bool {
+        self.snapshot.path_of("").is_dir()
+    }
+
+    /// The array is current, and so are the image group's own documents (the snapshot's
+    /// root is the image's).
+    fn check_image(&self) -> Result<(), SourceError> {
+        self.check_current()?;
+        Ok(self.snapshot.check([".zattrs", ".zgroup", "zarr.json"])?)
     }
 }
 

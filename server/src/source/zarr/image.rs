@@ -1,6 +1,10 @@
 //! An OME-Zarr image (NGFF 0.4 or 0.5) as one [`Source`]: its first dataset is the tensor,
 //! every dataset a native level of its pyramid; axes give the labels, the `scale`
 //! transforms and axis units the physical scale, `omero` the channel names.
+//!
+//! The image is generic over where its datasets live ([`Dataset`]): a store on disk
+//! ([`ZarrArray`]) or an object store (`objstore::zarr::ZarrObject`); what it makes of the
+//! metadata is the same for both.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,59 +20,99 @@ use crate::source::abstraction::{NativeLevel, Scaling, Source, SourceError};
 use crate::source::meta::canonical;
 use crate::source::npy::{Dtype, Limits};
 
-/// An opened OME-Zarr image.
+/// A dataset of an OME-Zarr image, as the image reads it. The image's version, residence
+/// and change check are its first dataset's, which knows the store they belong to.
+pub trait Dataset: Send + Sync + std::fmt::Debug {
+    /// The dataset's shape.
+    fn shape(&self) -> &[u64];
+    /// Its element type (native byte order).
+    fn dtype(&self) -> &Dtype;
+    /// The extent of its chunks (or shards).
+    fn native_chunk(&self) -> &[u64];
+    /// The keys of `metadata_json` it adds (Zarr format, chunks, attributes).
+    fn metadata(&self) -> Map<String, Value>;
+    /// Reads `start..stop` into `out` (C order).
+    fn read(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError>;
+    /// The content version of the whole image the dataset belongs to.
+    fn image_version(&self) -> ContentVersion;
+    /// Whether the image's bytes are on this machine.
+    fn is_resident(&self) -> bool;
+    /// Refuses when the image is no longer the version opened.
+    fn check_image(&self) -> Result<(), SourceError>;
+}
+
+/// An opened OME-Zarr image, its datasets of type `D`.
 #[derive(Debug)]
-pub struct OmeImage {
+pub struct OmeImage<D = ZarrArray> {
     root: PathBuf,
-    level0: ZarrArray,
+    level0: D,
     labels: Option<Vec<String>>,
     levels: Vec<NativeLevel>,
     physical: Option<(Vec<f64>, Vec<String>)>,
     meta: ImageMeta,
 }
 
-impl OmeImage {
-    /// Opens the image group at `root` whose metadata is `meta`.
-    pub fn open(root: &Path, meta: ImageMeta, limits: &Limits) -> Result<OmeImage, ZarrError> {
+impl OmeImage<ZarrArray> {
+    /// Opens the image group at `root` (a directory) whose metadata is `meta`.
+    pub fn open(root: &Path, meta: ImageMeta, limits: &Limits) -> Result<Self, ZarrError> {
+        let snapshot = Arc::new(Snapshot::take(root)?);
+        OmeImage::build(root, meta, |path| {
+            ZarrArray::open(
+                &root.join(path),
+                snapshot.clone(),
+                format!("{path}/"),
+                limits,
+            )
+        })
+    }
+}
+
+/// The dataset paths an image's `multiscales` lists, refused when there are none, one has
+/// no path, or one leaves the image; `root` names the image in the refusal.
+pub fn dataset_paths(root: &Path, multiscales: &Value) -> Result<Vec<String>, ZarrError> {
+    let refuse = |why: String| ZarrError::Ome {
+        path: root.to_path_buf(),
+        why,
+    };
+    let paths: Vec<String> = multiscales
+        .get("datasets")
+        .and_then(Value::as_array)
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| refuse("it lists no datasets".to_string()))?
+        .iter()
+        .map(|d| d.get("path").and_then(Value::as_str).map(str::to_string))
+        .collect::<Option<_>>()
+        .ok_or_else(|| refuse("a dataset has no path".to_string()))?;
+    if paths.iter().any(|p| p.contains("..") || p.starts_with('/')) {
+        return Err(refuse(format!(
+            "a dataset path leaves the image: {paths:?}"
+        )));
+    }
+    Ok(paths)
+}
+
+impl<D: Dataset> OmeImage<D> {
+    /// The image at `root` whose metadata is `meta`, each dataset opened by `open` (given
+    /// its path within the image); refused by name when the datasets do not make one
+    /// pyramid (another rank or dtype than the first).
+    pub fn build<E: From<ZarrError>>(
+        root: &Path,
+        meta: ImageMeta,
+        mut open: impl FnMut(&str) -> Result<D, E>,
+    ) -> Result<Self, E> {
         let refuse = |why: String| ZarrError::Ome {
             path: root.to_path_buf(),
             why,
         };
-        let datasets = meta
-            .multiscales
-            .get("datasets")
-            .and_then(Value::as_array)
-            .filter(|d| !d.is_empty())
-            .ok_or_else(|| refuse("it lists no datasets".to_string()))?;
-        let paths: Vec<String> = datasets
-            .iter()
-            .map(|d| d.get("path").and_then(Value::as_str).map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| refuse("a dataset has no path".to_string()))?;
-        if paths.iter().any(|p| p.contains("..") || p.starts_with('/')) {
-            return Err(refuse(format!(
-                "a dataset path leaves the image: {paths:?}"
-            )));
-        }
-        let snapshot = Arc::new(Snapshot::take(root)?);
-        let level0 = ZarrArray::open(
-            &root.join(&paths[0]),
-            snapshot.clone(),
-            format!("{}/", paths[0]),
-            limits,
-        )?;
+        let paths = dataset_paths(root, &meta.multiscales)?;
+        let level0 = open(&paths[0])?;
         let base = level0.shape().to_vec();
         let mut levels = Vec::with_capacity(paths.len());
         for path in &paths {
             let level = if *path == paths[0] {
                 None
             } else {
-                Some(ZarrArray::open(
-                    &root.join(path),
-                    snapshot.clone(),
-                    format!("{path}/"),
-                    limits,
-                )?)
+                Some(open(path)?)
             };
             let shape = level.as_ref().map_or(base.clone(), |l| l.shape().to_vec());
             if shape.len() != base.len() {
@@ -77,13 +121,15 @@ impl OmeImage {
                     shape.len(),
                     paths[0],
                     base.len()
-                )));
+                ))
+                .into());
             }
             if level.as_ref().is_some_and(|l| l.dtype() != level0.dtype()) {
                 return Err(refuse(format!(
                     "dataset '{path}' has another dtype than '{}'",
                     paths[0]
-                )));
+                ))
+                .into());
             }
             levels.push(NativeLevel {
                 path: path.clone(),
@@ -92,6 +138,12 @@ impl OmeImage {
             });
         }
         let labels = axis_names(&meta.multiscales).filter(|n| n.len() == base.len());
+        let datasets = meta
+            .multiscales
+            .get("datasets")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let physical = physical_scale(&meta.multiscales, datasets, base.len());
         Ok(OmeImage {
             root: root.to_path_buf(),
@@ -182,7 +234,7 @@ fn physical_scale(
     )
 }
 
-impl Source for OmeImage {
+impl<D: Dataset> Source for OmeImage<D> {
     fn format(&self) -> &'static str {
         "ome-zarr"
     }
@@ -204,7 +256,7 @@ impl Source for OmeImage {
     }
 
     fn version(&self) -> ContentVersion {
-        ContentVersion::File(self.level0.snapshot().version())
+        self.level0.image_version()
     }
 
     fn dim_labels(&self) -> Option<Vec<String>> {
@@ -245,18 +297,14 @@ impl Source for OmeImage {
     }
 
     fn is_resident(&self) -> bool {
-        self.root.is_dir()
+        self.level0.is_resident()
     }
 
     fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
-        Ok(self.level0.read_into(start, stop, out)?)
+        self.level0.read(start, stop, out)
     }
 
     fn check_unchanged(&self) -> Result<(), SourceError> {
-        self.level0.check_current()?;
-        Ok(self
-            .level0
-            .snapshot()
-            .check([".zattrs", ".zgroup", "zarr.json"])?)
+        self.level0.check_image()
     }
 }

@@ -24,11 +24,11 @@ use std::sync::Arc;
 
 pub use array::ZarrArray;
 pub use error::ZarrError;
-pub use image::OmeImage;
+pub use image::{Dataset, OmeImage};
 pub use version::tree_version;
 
 use node::Node;
-pub(crate) use node::{check_metadata, dtype_of_name};
+pub(crate) use node::{ImageMeta, check_metadata, dtype_of_name, image_of_group};
 
 use super::Source;
 use super::npy::{Limits, Placement};

@@ -72,6 +72,16 @@ pub fn node_at(dir: &Path) -> Option<Node> {
     })
 }
 
+/// The image metadata of a group whose metadata document is `doc`: its `.zattrs` (Zarr v2,
+/// NGFF 0.4) or its `zarr.json` (v3, NGFF 0.5 `attributes.ome`); `None`: not an image.
+pub fn image_of_group(v2: bool, doc: &Value) -> Option<ImageMeta> {
+    if v2 {
+        image_meta(doc)
+    } else {
+        doc.pointer("/attributes/ome").and_then(image_meta)
+    }
+}
+
 fn image_meta(attrs: &Value) -> Option<ImageMeta> {
     let first = attrs.get("multiscales")?.as_array()?.first()?.clone();
     let version = attrs
