@@ -98,6 +98,57 @@ def test_a_node_local_server_reads_the_origin_exact_and_fetches_each_chunk_once(
             assert getattr(here, field, None) == getattr(there, field, None), (name, field)
 
 
+def write_ome_zarr(path, levels):
+    """An NGFF 0.4 image (Zarr v2) of the given `levels` (full resolution first), written by
+    zarr-python, in chunks small enough that every level is several."""
+    import zarr
+
+    root = zarr.open_group(path, mode="w", zarr_format=2)
+    datasets = []
+    for i, level in enumerate(levels):
+        root.create_array(str(i), shape=level.shape, chunks=(2, 16, 16), dtype=level.dtype)[...] = level
+        factors = [levels[0].shape[k] / level.shape[k] for k in range(level.ndim)]
+        datasets.append({"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": factors}]})
+    axes = [{"name": n, "type": "space"} for n in ("z", "y", "x")]
+    root.attrs.update({"multiscales": [{"version": "0.4", "axes": axes, "datasets": datasets}]})
+
+
+@pytest.mark.parametrize("mode", ["do_get", "mmap"])
+def test_the_origins_stored_levels_are_the_nodes_pyramid(mode, monkeypatch, start_server, tmp_path):
+    """An OME-Zarr image on the origin: the node advertises its stored levels as native and
+    reads each from the origin's level, never reduced locally (the levels here are not
+    any reduction of full resolution, so a level computed on the node would differ)."""
+    rng = np.random.default_rng(32)
+    levels = [rng.integers(0, 60000, shape, dtype=np.uint16) for shape in ((4, 64, 48), (4, 32, 24), (4, 16, 12))]
+    data = tmp_path / "origin"
+    data.mkdir()
+    write_ome_zarr(data / "cells.zarr", levels)
+    metrics = f"127.0.0.1:{free_port()}"
+    origin = start_server(data, extra=ORIGIN_GRID + ("--metrics-listen", metrics))
+    node = start_server(origin.location, extra=("--chunk-target", "6KiB"))
+    client = biopb_client(node.location, mode, monkeypatch)
+    desc = client.get_descriptor("cells")
+    there = TensorFlightClient(origin.location, cache_bytes=0).get_descriptor("cells")
+    assert [(list(p.scale_hint), list(p.shape), p.native, p.reduction_method) for p in desc.pyramid] == [
+        (list(p.scale_hint), list(p.shape), p.native, p.reduction_method) for p in there.pyramid
+    ]
+    assert [list(p.scale_hint) for p in desc.pyramid] == [[1, 1, 1], [1, 2, 2], [1, 4, 4]]
+    fetched = []
+    for _ in range(2):
+        for i, level in enumerate(levels):
+            factors = [1, 2**i, 2**i]
+            got = client.get_tensor("cells", scale_hint=factors, reduction_method="precompute").compute()
+            assert got.tobytes() == level.tobytes(), (mode, i)
+            if i:
+                assert client.get_tensor(f"cells.{i}").compute().tobytes() == level.tobytes(), (mode, i)
+        sl = (slice(1, 3), slice(5, 30), slice(2, 20))
+        got = client.get_tensor("cells", slice_hint=sl, scale_hint=[1, 4, 4], reduction_method="precompute").compute()
+        assert got.tobytes() == np.ascontiguousarray(levels[2][1:3, 1:8, 0:5]).tobytes()
+        fetched.append(origin_do_gets(metrics))
+    # The second round crossed the link for nothing: every level chunk is cached.
+    assert fetched[0] > 0 and fetched[1] == fetched[0], fetched
+
+
 def test_readers_at_once_cross_the_link_once(start_server, fixture_dir, arrays, monkeypatch):
     """Eight readers of one cold tensor at once: each origin chunk is fetched once."""
     monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
@@ -176,8 +227,6 @@ def reference_server():
     return biopb_reference
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32 part 2: the node does not yet serve biopb's "
-                   "server's tensors (listed through its catalog, not described as one tensor)")
 def test_biopb_server_as_the_origin(monkeypatch, start_server, tmp_path, arrays):
     ref = reference_server()
     try:

@@ -894,6 +894,17 @@ fn open_tensor(
     tensor_of(id, path, source, settings, options)
 }
 
+/// One grid of the source's own chunks for both routes (`Source::cells_are_native`);
+/// `None`: the grids are planned for their readers, as they are when a native chunk is
+/// over the cap (it is then read in parts, as any source's).
+fn native_cells(source: &dyn Source) -> Option<ChunkGrid> {
+    if !source.cells_are_native() {
+        return None;
+    }
+    let native = source.native_chunk()?;
+    ChunkGrid::with_chunk_shape(source.shape(), source.dtype().itemsize as u64, &native).ok()
+}
+
 /// The tensor of an opened `source`: its grids, labels and metadata.
 fn tensor_of(
     id: &str,
@@ -918,13 +929,7 @@ fn tensor_of(
         }
         .map_err(|e| format!("{}: {e}", path.display()))
     };
-    // One grid of the source's own chunks for both routes (`Source::cells_are_native`),
-    // unless a chunk is over the cap: then it is read in parts, as any source's.
-    let native_grid = native
-        .as_deref()
-        .filter(|_| source.cells_are_native())
-        .and_then(|native| ChunkGrid::with_chunk_shape(shape, itemsize, native).ok());
-    let (grid, mapped_grid) = match native_grid {
+    let (grid, mapped_grid) = match native_cells(source.as_ref()) {
         Some(grid) => (grid.clone(), grid),
         None => (
             plan_grid(options.target_chunk_bytes, true)?,
@@ -999,11 +1004,16 @@ pub fn level_tensor(
         }
         .map_err(|e| format!("level '{id}': {e}"))
     };
-    let grid = grid_of(options.target_chunk_bytes, true)?;
-    let mapped_grid = grid_of(
-        options.mapped_chunk_bytes.max(options.target_chunk_bytes),
-        false,
-    )?;
+    let (grid, mapped_grid) = match native_cells(source.as_ref()) {
+        Some(grid) => (grid.clone(), grid),
+        None => (
+            grid_of(options.target_chunk_bytes, true)?,
+            grid_of(
+                options.mapped_chunk_bytes.max(options.target_chunk_bytes),
+                false,
+            )?,
+        ),
+    };
     let mut meta = parent.meta.clone();
     if let Some((scale, unit)) = source.physical_scale() {
         meta.physical_scale = scale;

@@ -71,8 +71,13 @@ impl UpstreamError {
         use tonic::Code;
         let upstream = upstream.to_string();
         let status = Box::new(status);
+        // UNKNOWN is two things: the code biopb's servers (and this one) refuse a request
+        // with, sent by the upstream in its trailers; and what tonic makes of a transport
+        // failure it cannot name, which keeps that failure as its source.
+        let answered = std::error::Error::source(&*status).is_none();
         match status.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            Code::Unknown if !answered => UpstreamError::Unreachable { upstream, status },
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 UpstreamError::Unreachable { upstream, status }
             }
             Code::NotFound | Code::FailedPrecondition if call == "DoGet" => {
@@ -104,5 +109,32 @@ impl UpstreamError {
     /// The error as the chunk service sees it, its message kept.
     pub fn to_source_error(&self) -> SourceError {
         SourceError::new(self.kind(), self.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(status: tonic::Status) -> SourceErrorKind {
+        UpstreamError::of_status("grpc://origin:8815", "GetFlightInfo", "a", status).kind()
+    }
+
+    #[test]
+    fn an_answered_unknown_is_a_refusal_and_a_nameless_transport_failure_is_not() {
+        // What biopb's server answers for a source it cannot plan (its `scratch`).
+        assert_eq!(
+            class(tonic::Status::unknown("scratch has no tensors yet")),
+            SourceErrorKind::Failed
+        );
+        let broken = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection reset");
+        assert_eq!(
+            class(tonic::Status::from_error(Box::new(broken))),
+            SourceErrorKind::Unreachable
+        );
+        assert_eq!(
+            class(tonic::Status::unavailable("tcp connect error")),
+            SourceErrorKind::Unreachable
+        );
     }
 }

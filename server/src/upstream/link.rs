@@ -158,15 +158,16 @@ impl Link {
     /// The ids of the tensors the upstream lists (ListFlights entries whose schema carries
     /// the chunk wire protocol stamp), sorted.
     pub async fn list(&self) -> Result<Vec<String>, UpstreamError> {
-        let mut flight = self.flight.clone();
-        let infos: Vec<FlightInfo> = flight
-            .list_flights(self.request(Criteria::default()))
-            .await
-            .map_err(|s| self.error("ListFlights", "", s))?
-            .into_inner()
-            .try_collect()
-            .await
-            .map_err(|s| self.error("ListFlights", "", s))?;
+        let infos = match self.list_flights().await {
+            Ok(infos) => infos,
+            Err(err @ UpstreamError::Unreachable { .. }) => return Err(err),
+            // An upstream whose ListFlights fails (biopb's server 0.13.0 under duckdb 2)
+            // may still answer its catalog.
+            Err(err) => {
+                tracing::debug!(upstream = %self.address.base, %err, "listing through the catalog instead");
+                Vec::new()
+            }
+        };
         let mut ids: Vec<String> = infos
             .iter()
             .filter(|info| {
@@ -191,6 +192,19 @@ impl Link {
         ids.sort();
         ids.dedup();
         Ok(ids)
+    }
+
+    /// Every entry the upstream's ListFlights answers.
+    async fn list_flights(&self) -> Result<Vec<FlightInfo>, UpstreamError> {
+        let mut flight = self.flight.clone();
+        flight
+            .list_flights(self.request(Criteria::default()))
+            .await
+            .map_err(|s| self.error("ListFlights", "", s))?
+            .into_inner()
+            .try_collect()
+            .await
+            .map_err(|s| self.error("ListFlights", "", s))
     }
 
     /// Every `source_id` of the upstream's `sources` catalog table, read a page at a time
@@ -266,11 +280,35 @@ impl Link {
 
     /// What the upstream says tensor `array_id` is, and its chunks.
     pub async fn describe(&self, array_id: &str) -> Result<Described, UpstreamError> {
+        self.plan(array_id, None).await
+    }
+
+    /// What the upstream says the stored level of tensor `array_id` with `factors` is,
+    /// and its chunks (a `precompute` plan of that level).
+    pub async fn describe_level(
+        &self,
+        array_id: &str,
+        factors: &[u64],
+    ) -> Result<Described, UpstreamError> {
+        self.plan(array_id, Some(factors)).await
+    }
+
+    /// The upstream's plan of the whole tensor `array_id`, at full resolution or at the
+    /// stored level of `factors`.
+    async fn plan(
+        &self,
+        array_id: &str,
+        factors: Option<&[u64]>,
+    ) -> Result<Described, UpstreamError> {
         let mut read = TensorReadOption {
             array_id: array_id.to_string(),
             fields: Some(Default::default()),
             ..Default::default()
         };
+        if let Some(factors) = factors {
+            read.scale_hint = factors.iter().map(|&f| f as i64).collect();
+            read.reduction_method = "precompute".to_string();
+        }
         if let Some(fields) = read.fields.as_mut() {
             fields.paths = [MASK_ENDPOINTS, MASK_PYRAMID, MASK_METADATA_JSON]
                 .map(String::from)

@@ -32,8 +32,8 @@ use crate::source::sources::Sources;
 
 pub use address::{UpstreamAddress, is_upstream};
 pub use error::UpstreamError;
-use link::Link;
-use source::UpstreamTensor;
+use link::{Described, Link};
+use source::{DescribedLevel, UpstreamTensor, stored_levels};
 
 /// One upstream tensor server this server serves the tensors of.
 #[derive(Debug)]
@@ -92,10 +92,12 @@ impl Upstream {
             listed.insert(path.clone());
             // A source the upstream cannot describe as one tensor (biopb's `scratch`, a
             // refused file) is passed over; what was served under it stays as it was.
-            let opened = match self.link.describe(&id).await {
-                Ok(described) => UpstreamTensor::new(self.link.clone(), &id, described)
-                    .map(|t| Arc::new(t) as Arc<dyn Source>)
-                    .map_err(|e| e.to_string()),
+            let opened = match self.describe(&id).await {
+                Ok((described, levels)) => {
+                    UpstreamTensor::new(self.link.clone(), &id, described, levels)
+                        .map(|t| Arc::new(t) as Arc<dyn Source>)
+                        .map_err(|e| e.to_string())
+                }
                 Err(err @ UpstreamError::Unreachable { .. }) => return Err(err),
                 Err(err) => {
                     tracing::debug!(upstream = %address.base, array_id = %id, %err, "upstream source not served");
@@ -155,5 +157,19 @@ impl Upstream {
             }
         }
         Ok(synced)
+    }
+
+    /// The upstream's plan of tensor `id` and of each stored level it advertises.
+    async fn describe(&self, id: &str) -> Result<(Described, Vec<DescribedLevel>), UpstreamError> {
+        let described = self.link.describe(id).await?;
+        let mut levels = Vec::new();
+        for factors in stored_levels(&described.descriptor) {
+            let level = self.link.describe_level(id, &factors).await?;
+            levels.push(DescribedLevel {
+                factors,
+                described: level,
+            });
+        }
+        Ok((described, levels))
     }
 }

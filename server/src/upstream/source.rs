@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::content_version::{ContentVersion, FileVersion};
 use crate::grid::Region;
+use crate::source::abstraction::{NativeLevel, Scaling};
 use crate::source::npy::Dtype;
 use crate::source::{Source, SourceError, SourceErrorKind};
 use crate::upstream::error::UpstreamError;
@@ -48,17 +49,102 @@ pub struct UpstreamTensor {
     chunks: Vec<UpstreamChunk>,
     chunk_shape: Vec<u64>,
     version: FileVersion,
+    /// The stored levels the upstream advertises below full resolution, each read from
+    /// the upstream's own level (never reduced here: its bytes are the upstream's).
+    levels: Vec<Level>,
     /// Fetches in flight, by chunk index: a second reader of a chunk waits for the first.
     in_flight: Mutex<HashMap<usize, Arc<OnceLock<Fetched>>>>,
 }
 
+/// A stored level of an upstream tensor, as the upstream planned it.
+#[derive(Debug)]
+pub struct DescribedLevel {
+    /// Its factors per axis against full resolution (its `scale_hint`).
+    pub factors: Vec<u64>,
+    /// The upstream's `precompute` plan of the whole level.
+    pub described: Described,
+}
+
+/// A stored level served under the tensor's id and its place in the pyramid (`<id>.1`).
+#[derive(Debug)]
+struct Level {
+    path: String,
+    factors: Vec<u64>,
+    tensor: Arc<UpstreamTensor>,
+}
+
+/// The factors of the stored levels below full resolution that `descriptor` advertises
+/// (`native: true`), in its order: each is planned on the upstream as its own tensor.
+pub fn stored_levels(descriptor: &tessera_proto::pb::TensorDescriptor) -> Vec<Vec<u64>> {
+    descriptor
+        .pyramid
+        .iter()
+        .filter(|level| level.native && level.scale_hint.len() == descriptor.shape.len())
+        .filter(|level| level.scale_hint.iter().all(|&f| f >= 1))
+        .filter(|level| level.scale_hint.iter().any(|&f| f > 1))
+        .map(|level| level.scale_hint.iter().map(|&f| f as u64).collect())
+        .collect()
+}
+
 impl UpstreamTensor {
-    /// The tensor `described` says upstream tensor `upstream_id` is; refused when its
-    /// dtype is not served or its chunks do not tile its shape.
+    /// The tensor `described` says upstream tensor `upstream_id` is, with its stored
+    /// `levels`; refused when its dtype is not served, its chunks (or a level's) do not
+    /// tile its shape, or a level is not the shape the upstream advertised.
     pub fn new(
         link: Link,
         upstream_id: &str,
         described: Described,
+        levels: Vec<DescribedLevel>,
+    ) -> Result<UpstreamTensor, UpstreamError> {
+        let base = PathBuf::from(link.address().url_of(upstream_id));
+        let advertised = described.descriptor.pyramid.clone();
+        let mut served = Vec::with_capacity(levels.len());
+        for (index, level) in levels.into_iter().enumerate() {
+            let path = (index + 1).to_string();
+            let shape = level.described.descriptor.shape.clone();
+            let expected = advertised
+                .iter()
+                .find(|l| {
+                    l.scale_hint
+                        .iter()
+                        .map(|&f| f as u64)
+                        .eq(level.factors.iter().copied())
+                })
+                .map(|l| l.shape.clone());
+            if expected.as_ref().is_some_and(|e| *e != shape) {
+                return Err(UpstreamError::BadReply {
+                    upstream: link.address().base.clone(),
+                    array_id: upstream_id.to_string(),
+                    why: format!(
+                        "its level {:?} is advertised as shape {expected:?} but planned as {shape:?}",
+                        level.factors
+                    ),
+                });
+            }
+            let mut level_path = base.clone().into_os_string();
+            level_path.push(format!(".{path}"));
+            let tensor = Self::build(
+                link.clone(),
+                upstream_id,
+                PathBuf::from(level_path),
+                level.described,
+                Vec::new(),
+            )?;
+            served.push(Level {
+                path,
+                factors: level.factors,
+                tensor: Arc::new(tensor),
+            });
+        }
+        Self::build(link, upstream_id, base, described, served)
+    }
+
+    fn build(
+        link: Link,
+        upstream_id: &str,
+        path: PathBuf,
+        described: Described,
+        levels: Vec<Level>,
     ) -> Result<UpstreamTensor, UpstreamError> {
         let Described { descriptor, chunks } = described;
         let bad = |why: String| UpstreamError::BadReply {
@@ -101,9 +187,8 @@ impl UpstreamTensor {
             .iter()
             .try_fold(dtype.itemsize as u64, |acc, &n| acc.checked_mul(n))
             .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-        let version = FileVersion::upstream(digest(&descriptor, &chunks), size);
+        let version = FileVersion::upstream(digest(&descriptor, &chunks, &levels), size);
         let labels = descriptor.dim_labels.clone();
-        let path = PathBuf::from(link.address().url_of(upstream_id));
         Ok(UpstreamTensor {
             link,
             upstream_id: upstream_id.to_string(),
@@ -116,6 +201,7 @@ impl UpstreamTensor {
             chunks,
             chunk_shape,
             version,
+            levels,
             in_flight: Mutex::default(),
         })
     }
@@ -149,9 +235,21 @@ impl UpstreamTensor {
 }
 
 /// A digest of what the upstream says the tensor is: any change of its content version,
-/// shape, dtype or any chunk id changes it.
-fn digest(descriptor: &tessera_proto::pb::TensorDescriptor, chunks: &[UpstreamChunk]) -> u128 {
+/// shape, dtype, any chunk id or any stored level's version changes it.
+fn digest(
+    descriptor: &tessera_proto::pb::TensorDescriptor,
+    chunks: &[UpstreamChunk],
+    levels: &[Level],
+) -> u128 {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for level in levels {
+        for f in &level.factors {
+            ctx.update(&f.to_be_bytes());
+        }
+        let v = level.tensor.version;
+        ctx.update(&v.ino.to_be_bytes());
+        ctx.update(&v.mtime_ns.to_be_bytes());
+    }
     ctx.update(descriptor.dtype.as_bytes());
     for v in &descriptor.shape {
         ctx.update(&v.to_be_bytes());
@@ -277,6 +375,32 @@ impl Source for UpstreamTensor {
 
     fn physical_scale(&self) -> Option<(Vec<f64>, Vec<String>)> {
         self.physical.clone()
+    }
+
+    fn scaling(&self) -> Scaling {
+        if self.levels.is_empty() {
+            return Scaling::Computed;
+        }
+        let full = NativeLevel {
+            path: "0".to_string(),
+            factors: vec![1; self.shape.len()],
+            shape: self.shape.clone(),
+        };
+        let stored = self.levels.iter().map(|l| NativeLevel {
+            path: l.path.clone(),
+            factors: l.factors.clone(),
+            shape: l.tensor.shape.clone(),
+        });
+        Scaling::Native {
+            levels: std::iter::once(full).chain(stored).collect(),
+        }
+    }
+
+    fn level(&self, path: &str) -> Option<Arc<dyn Source>> {
+        self.levels
+            .iter()
+            .find(|l| l.path == path)
+            .map(|l| l.tensor.clone() as Arc<dyn Source>)
     }
 
     fn is_resident(&self) -> bool {
