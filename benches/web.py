@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support" / "python"))
 sys.path.insert(0, str(ROOT / "benches" / "reference"))
 from tessera_launcher import TesseraProcess  # noqa: E402
 
-HTTP_LINE = re.compile(r"viewer and HTTP API on (http://[0-9.]+:[0-9]+)/")
+HTTP_LINE = re.compile(r"viewer and HTTP API on (https?://[0-9.]+:[0-9]+)/")
 CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *([0-9]+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SHAPE, CHUNK = (4, 4096, 4096), 2048

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 TOKEN = "http-token_0123456789"
-HTTP_LINE = re.compile(r"viewer and HTTP API on (http://[0-9.:]+)/")
+HTTP_LINE = re.compile(r"viewer and HTTP API on (https?://[0-9.:]+)/")
 
 
 def pattern(shape=(2, 3, 1100, 1300)):

@@ -78,13 +78,6 @@ pub enum DaemonError {
          --http-listen 127.0.0.1:PORT (or off)"
     )]
     HttpExposedWithoutToken(SocketAddr),
-    /// Serving plain HTTP beyond loopback beside a TLS Flight listener.
-    #[error(
-        "refusing to serve the HTTP API on {0} in plain HTTP while Flight uses TLS: the token \
-         would cross the network in the clear. Use --http-listen 127.0.0.1:PORT behind a TLS \
-         proxy, or off"
-    )]
-    HttpPlainBesideTls(SocketAddr),
     /// The token has the wrong form.
     #[error("{0}")]
     BadToken(#[from] crate::wire::flight::auth::BadToken),
@@ -162,13 +155,9 @@ impl Daemon {
         let http = settings.operations.http_address();
         if let Some((addr, _)) = http
             && !addr.ip().is_loopback()
+            && token.is_none()
         {
-            if token.is_none() {
-                return Err(DaemonError::HttpExposedWithoutToken(addr));
-            }
-            if settings.tls.is_some() {
-                return Err(DaemonError::HttpPlainBesideTls(addr));
-            }
+            return Err(DaemonError::HttpExposedWithoutToken(addr));
         }
         let tls = match &settings.tls {
             Some(paths) => Some(TlsIdentity::load(&paths.cert, &paths.key)?),
@@ -271,8 +260,9 @@ impl Daemon {
         };
         let http_server = match http {
             Some((addr, configured)) => {
-                match HttpServer::bind(addr, settings.operations.http_limits(), token.clone()).await
-                {
+                let https = tls.as_ref().map(TlsIdentity::https_acceptor);
+                let limits = settings.operations.http_limits();
+                match HttpServer::bind(addr, limits, token.clone(), https).await {
                     Ok(server) => Some(server.with_cors(settings.operations.http_cors())),
                     Err(source) if configured => {
                         return Err(DaemonError::Bind { addr, source });
@@ -354,7 +344,7 @@ impl Daemon {
         }
         if let Some(http) = self.http_server {
             if let Ok(at) = http.local_addr() {
-                tracing::info!("viewer and HTTP API on http://{at}/");
+                tracing::info!("viewer and HTTP API on {}://{at}/", http.scheme());
             }
             side_tasks.push(tokio::spawn(http.run(self.state.clone())));
         }

@@ -6,10 +6,19 @@
 //! trust-on-first-use or with the PEM handed to the client (`tls_ca_pem=`). The key is PEM
 //! (PKCS#8, PKCS#1 or SEC1). Both files are read once at startup and checked before the
 //! server binds, so a bad pair stops the daemon with a message naming the file.
+//!
+//! The HTTP API speaks HTTPS with the same pair ([`TlsIdentity::https_acceptor`]): tonic
+//! keeps its rustls configuration to itself, so the HTTP side builds its own from the same
+//! PEM bytes, with the same crypto provider (ring).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 /// A connection that has not finished its TLS handshake by then is dropped, so idle
@@ -55,6 +64,7 @@ pub enum TlsError {
 #[derive(Clone)]
 pub struct TlsIdentity {
     config: ServerTlsConfig,
+    https: TlsAcceptor,
 }
 
 impl std::fmt::Debug for TlsIdentity {
@@ -71,6 +81,11 @@ impl TlsIdentity {
         let cert_pem = read_pem(cert, "certificate", "CERTIFICATE")?;
         let key_pem = read_pem(key, "key", "PRIVATE KEY")?;
         warn_if_key_is_shared(key);
+        let https = https_acceptor(&cert_pem, &key_pem).map_err(|reason| TlsError::Refused {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            reason,
+        })?;
         let config = ServerTlsConfig::new()
             .identity(Identity::from_pem(cert_pem, key_pem))
             .timeout(HANDSHAKE_TIMEOUT);
@@ -82,13 +97,37 @@ impl TlsIdentity {
                 key: key.to_path_buf(),
                 reason: error_chain(&e),
             })?;
-        Ok(TlsIdentity { config })
+        Ok(TlsIdentity { config, https })
     }
 
     /// The tonic server configuration.
     pub fn server_config(&self) -> ServerTlsConfig {
         self.config.clone()
     }
+
+    /// The acceptor of the HTTP API's HTTPS connections (HTTP/1.1 by ALPN), on the same
+    /// certificate and key.
+    pub fn https_acceptor(&self) -> TlsAcceptor {
+        self.https.clone()
+    }
+}
+
+/// A rustls server configuration of the PEM chain and key, offering HTTP/1.1 (the HTTP API
+/// speaks nothing else); the error is rustls's or the PEM parser's reason.
+fn https_acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, String> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("certificate chain: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("private key: {e}"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| e.to_string())?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 fn read_pem(path: &Path, what: &'static str, marker: &'static str) -> Result<Vec<u8>, TlsError> {

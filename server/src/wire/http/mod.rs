@@ -1,7 +1,8 @@
 //! The HTTP API (`--http-listen ADDR`): tiles, slices, the catalog tree and annotations for
 //! browsers and plain HTTP clients, in the contract of biopb's HTTP sidecar (its
 //! `http-server.md` and `http-server-tile-endpoints.md`), served in-process by axum over
-//! HTTP/1.1 with the viewer page at `/` (docs/guides/web.md, docs/decisions/0035).
+//! HTTP/1.1 with the viewer page at `/` (docs/guides/web.md, docs/decisions/0035); HTTPS on
+//! the Flight endpoint's certificate when the server has one.
 //!
 //! ```text
 //!  GET  /livez /readyz /healthz          no token
@@ -38,6 +39,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 pub use cors::CorsOrigins;
 pub use listener::{HttpLimits, HttpListener};
@@ -159,14 +161,16 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `addr`; requests must carry `token` when one is given.
+    /// Binds `addr`; requests must carry `token` when one is given; every connection is
+    /// HTTPS through `tls` when one is given.
     pub async fn bind(
         addr: SocketAddr,
         limits: HttpLimits,
         token: Option<String>,
+        tls: Option<TlsAcceptor>,
     ) -> io::Result<Self> {
         Ok(Self {
-            listener: HttpListener::new(TcpListener::bind(addr).await?, limits),
+            listener: HttpListener::new(TcpListener::bind(addr).await?, limits, tls),
             check: TokenCheck::new(token),
             limits,
             cors: CorsOrigins::default(),
@@ -182,6 +186,11 @@ impl HttpServer {
     /// The address bound.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// `https` or `http`: what a browser's address starts with.
+    pub fn scheme(&self) -> &'static str {
+        self.listener.scheme()
     }
 
     /// Serves until the task is dropped.
