@@ -1,21 +1,47 @@
 //! The address of an object-store source as an operator writes it where a path would go:
 //! `s3://BUCKET/PREFIX/` (every `.npy` object and Zarr array under the prefix),
-//! `s3://BUCKET/KEY.npy` (one object) or `s3://BUCKET/STORE.zarr` (one store).
+//! `s3://BUCKET/KEY.npy` (one object) or `s3://BUCKET/STORE.zarr` (one store); and, on a
+//! plain web server, `https://HOST/PATH/STORE.zarr` or `https://HOST/PATH/KEY.npy` (one
+//! store or one object only: a web server cannot be listed).
 //!
-//! `gs://`, `az://` and `https://` are recognised, so they are refused by name rather than
-//! taken for local paths: this build reads S3 and S3-compatible stores only.
+//! `gs://` and `az://` are recognised, so they are refused by name rather than taken for
+//! local paths: this build reads S3, S3-compatible and HTTP(S) stores only.
 
 use crate::objstore::error::ObjectStoreError;
 
 /// The schemes served, then those recognised and refused.
 const SERVED: &str = "s3://";
-const RECOGNISED: [&str; 6] = [
-    "gs://", "gcs://", "az://", "azure://", "https://", "http://",
-];
+const WEB: [(&str, Scheme); 2] = [("https://", Scheme::Https), ("http://", Scheme::Http)];
+const RECOGNISED: [&str; 4] = ["gs://", "gcs://", "az://", "azure://"];
 
 /// Whether `text` is written as an object-store address rather than a path.
 pub fn is_object_store(text: &str) -> bool {
-    text.starts_with(SERVED) || RECOGNISED.iter().any(|s| text.starts_with(s))
+    text.starts_with(SERVED)
+        || WEB.iter().any(|(s, _)| text.starts_with(s))
+        || RECOGNISED.iter().any(|s| text.starts_with(s))
+}
+
+/// How a store is spoken to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// S3 or an S3-compatible store: listed, signed when credentials are given.
+    S3,
+    /// A web server over TLS: one store or object, read anonymously, never listed.
+    Https,
+    /// A web server over plain HTTP: as [`Scheme::Https`], to a loopback host unless
+    /// `object_store_allow_http` is set.
+    Http,
+}
+
+impl Scheme {
+    /// `s3`, `https` or `http`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::S3 => "s3",
+            Scheme::Https => "https",
+            Scheme::Http => "http",
+        }
+    }
 }
 
 /// A parsed object-store address.
@@ -23,7 +49,9 @@ pub fn is_object_store(text: &str) -> bool {
 pub struct StoreAddress {
     /// The address as written (trailing `/` kept), as logs and refusals name it.
     pub url: String,
-    /// The bucket.
+    /// How the store is spoken to.
+    pub scheme: Scheme,
+    /// The bucket; a web server's host and port.
     pub bucket: String,
     /// The key prefix listed: empty (the whole bucket) or ending in `/`; or, when
     /// [`StoreAddress::object`] is set, that object's key.
@@ -40,21 +68,36 @@ impl StoreAddress {
             url: text.to_string(),
             why: why.to_string(),
         };
-        let Some(rest) = text.strip_prefix(SERVED) else {
-            return Err(bad(
-                "this build reads s3:// (and S3-compatible) stores only; gs://, az:// and \
-                 https:// are not served yet (docs/guides/object-stores.md)",
-            ));
+        let web = WEB
+            .iter()
+            .find_map(|(prefix, scheme)| Some((text.strip_prefix(prefix)?, *scheme)));
+        let (rest, scheme) = match (text.strip_prefix(SERVED), web) {
+            (Some(rest), _) => (rest, Scheme::S3),
+            (None, Some(web)) => web,
+            (None, None) => {
+                return Err(bad(
+                    "this build reads s3:// (and S3-compatible) and http(s):// stores only; \
+                     gs:// and az:// are not served yet (docs/guides/object-stores.md)",
+                ));
+            }
         };
         let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        let bucket_ok = (3..=63).contains(&bucket.len())
-            && bucket
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-        if !bucket_ok {
+        if scheme == Scheme::S3 {
+            let bucket_ok = (3..=63).contains(&bucket.len())
+                && bucket.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                });
+            if !bucket_ok {
+                return Err(bad(
+                    "its bucket name must be 3 to 63 lowercase letters, digits, '-' or '.'",
+                ));
+            }
+        } else if bucket.is_empty() || bucket.contains('@') {
             return Err(bad(
-                "its bucket name must be 3 to 63 lowercase letters, digits, '-' or '.'",
+                "it must name a host (and port), without user or password",
             ));
+        } else if text.contains(['?', '#']) {
+            return Err(bad("it must not carry a query or a fragment"));
         }
         let trimmed = key.trim_end_matches('/');
         if !trimmed.is_empty()
@@ -65,6 +108,12 @@ impl StoreAddress {
             return Err(bad("its key has an empty, '.' or '..' segment"));
         }
         let object = !key.ends_with('/') && trimmed.to_ascii_lowercase().ends_with(".npy");
+        if scheme != Scheme::S3 && !object && !trimmed.to_ascii_lowercase().ends_with(".zarr") {
+            return Err(bad(
+                "a web server cannot be listed, so an http(s):// address must name one Zarr \
+                 store (ending in '.zarr') or one '.npy' object, not a folder",
+            ));
+        }
         let prefix = if object || trimmed.is_empty() {
             trimmed.to_string()
         } else {
@@ -72,15 +121,35 @@ impl StoreAddress {
         };
         Ok(StoreAddress {
             url: text.to_string(),
+            scheme,
             bucket: bucket.to_string(),
             prefix,
             object,
         })
     }
 
-    /// `s3://BUCKET`, as the catalog tree and `source_url` name the store.
+    /// `s3://BUCKET` (`https://HOST:PORT`), as the catalog tree and `source_url` name the
+    /// store.
     pub fn base(&self) -> String {
-        format!("{SERVED}{}", self.bucket)
+        format!("{}://{}", self.scheme.name(), self.bucket)
+    }
+
+    /// Whether the address is a web server's (read without listing).
+    pub fn is_web(&self) -> bool {
+        self.scheme != Scheme::S3
+    }
+
+    /// Whether the host is this machine's loopback (`localhost`, `127.0.0.0/8`, `[::1]`),
+    /// where plain HTTP crosses no network.
+    pub fn is_loopback(&self) -> bool {
+        let host = match self.bucket.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(v6),
+            None => self.bucket.split(':').next().unwrap_or(&self.bucket),
+        };
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
     }
 
     /// The `source_url` (and registry path) of the object or store at `key`.
@@ -138,7 +207,11 @@ mod tests {
             "s3://lab/a//b",
             "s3://lab/../b",
             "gs://lab/x",
-            "https://h/x.zarr",
+            "https://h/data/",
+            "https://h/data/x.tif",
+            "https://user:pw@h/x.zarr",
+            "https:///x.zarr",
+            "https://h/x.zarr?sig=1",
         ] {
             assert!(StoreAddress::parse(bad).is_err(), "{bad}");
         }
@@ -146,6 +219,34 @@ mod tests {
         assert!(
             refused.contains("az://c/x") && refused.contains("s3://"),
             "{refused}"
+        );
+        let folder = StoreAddress::parse("http://127.0.0.1:8/d/").unwrap_err();
+        assert!(folder.to_string().contains("cannot be listed"), "{folder}");
+
+        let web = StoreAddress::parse("http://127.0.0.1:8080/data/img.zarr").unwrap();
+        assert_eq!(
+            (web.scheme, web.bucket.as_str()),
+            (Scheme::Http, "127.0.0.1:8080")
+        );
+        assert_eq!(web.prefix, "data/img.zarr/");
+        assert_eq!(web.base(), "http://127.0.0.1:8080");
+        assert!(web.is_web() && web.is_loopback());
+        let npy = StoreAddress::parse("https://example.org/a/b.npy").unwrap();
+        assert!(npy.object && !npy.is_loopback());
+        assert!(
+            StoreAddress::parse("http://[::1]:9/x.zarr")
+                .unwrap()
+                .is_loopback()
+        );
+        assert!(
+            StoreAddress::parse("http://localhost/x.zarr")
+                .unwrap()
+                .is_loopback()
+        );
+        assert!(
+            !StoreAddress::parse("http://127.example.org/x.zarr")
+                .unwrap()
+                .is_loopback()
         );
         assert!(is_object_store("gs://b/x") && is_object_store("s3://b"));
         assert!(!is_object_store("/data/s3://x") && !is_object_store("grpc://h:1"));

@@ -1,5 +1,5 @@
 //! The client of one bucket: object_store's S3 client set up from the standard AWS
-//! environment variables, its requests bounded in number (`LimitStore`) and retried with
+//! environment variables (or its HTTP client for a web server's store), its requests bounded in number (`LimitStore`) and retried with
 //! backoff on server errors and throttling (`RetryConfig`), and blocking wrappers the
 //! sources call from the chunk service's blocking threads.
 
@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::http::HttpBuilder;
 use object_store::limit::LimitStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{
@@ -18,7 +19,7 @@ use object_store::{
     RetryConfig,
 };
 
-use crate::objstore::address::StoreAddress;
+use crate::objstore::address::{Scheme, StoreAddress};
 use crate::objstore::error::ObjectStoreError;
 
 /// Requests one bucket's client has in flight at most (listing, heads and range reads of
@@ -83,11 +84,16 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// The client of `address`'s bucket, set up from the `AWS_*` environment variables
     /// (credentials, region, endpoint, plain HTTP); anonymous when none gives credentials.
-    /// Dials nothing yet; must be called on the runtime that will run its requests.
-    pub fn new(address: StoreAddress) -> Result<Client, ObjectStoreError> {
+    /// A web server's (`https://`, `http://`) is anonymous; plain HTTP is refused unless
+    /// its host is loopback or `allow_http`. Dials nothing yet; must be called on the
+    /// runtime that will run its requests.
+    pub fn new(address: StoreAddress, allow_http: bool) -> Result<Client, ObjectStoreError> {
         let options = ClientOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT);
+        if address.is_web() {
+            return Self::web(address, options, allow_http);
+        }
         let mut builder = AmazonS3Builder::new()
             .with_client_options(options)
             .with_retry(retry());
@@ -121,6 +127,40 @@ impl Client {
         })
     }
 
+    /// The client of a web server's store: object_store's HTTP client on the server's
+    /// origin (`http(s)://HOST:PORT`), the keys its paths.
+    fn web(
+        address: StoreAddress,
+        options: ClientOptions,
+        allow_http: bool,
+    ) -> Result<Client, ObjectStoreError> {
+        let plain = address.scheme == Scheme::Http;
+        if plain && !allow_http && !address.is_loopback() {
+            return Err(ObjectStoreError::Address {
+                url: address.url.clone(),
+                why: "plain http:// is read from a loopback host only (its bytes would cross \
+                      the network unauthenticated); use https://, or set \
+                      object_store_allow_http to accept it"
+                    .to_string(),
+            });
+        }
+        let store = HttpBuilder::new()
+            .with_url(address.base())
+            .with_client_options(options.with_allow_http(plain))
+            .with_retry(retry())
+            .build()
+            .map_err(|e| ObjectStoreError::Setup {
+                url: address.url.clone(),
+                why: e.to_string(),
+            })?;
+        Ok(Client {
+            address,
+            store: Arc::new(LimitStore::new(store, MAX_REQUESTS)),
+            runtime: tokio::runtime::Handle::current(),
+            anonymous: true,
+        })
+    }
+
     /// The address the client was made for.
     pub fn address(&self) -> &StoreAddress {
         &self.address
@@ -148,7 +188,8 @@ impl Client {
     }
 
     /// Lists the address: its one object, or the objects under its prefix, at most `cap`
-    /// (then `truncated`). Blocking.
+    /// (then `truncated`); a web server's store, which cannot be listed, as its metadata
+    /// documents ([`Client::list_web_store`]). Blocking.
     pub fn list(&self, cap: usize) -> Result<Listing, ObjectStoreError> {
         if self.address.object {
             let key = self.address.prefix.clone();
@@ -157,6 +198,9 @@ impl Client {
                 objects: vec![meta],
                 truncated: false,
             });
+        }
+        if self.address.is_web() {
+            return self.list_web_store();
         }
         let prefix = self.address.prefix.trim_end_matches('/');
         let prefix = (!prefix.is_empty()).then(|| ObjectPath::from(prefix));
@@ -174,6 +218,86 @@ impl Client {
             objects.truncate(cap);
             Ok(Listing { objects, truncated })
         })
+    }
+
+    /// A web server's Zarr store as a listing of what names its sources: the root's
+    /// metadata documents (`.zarray`, `.zgroup`, `.zattrs`, `zarr.json`) and, for an
+    /// OME-Zarr image, its datasets' (`.zarray` or `zarr.json`), each looked at with a
+    /// HEAD (ETag, Last-Modified, size: the versions). A store with none of them is
+    /// missing. Blocking.
+    fn list_web_store(&self) -> Result<Listing, ObjectStoreError> {
+        let root = self.address.prefix.trim_end_matches('/');
+        let mut objects = self.heads(root, &[".zarray", ".zgroup", ".zattrs", "zarr.json"])?;
+        if objects.is_empty() {
+            return Err(ObjectStoreError::Missing {
+                url: self.address.url.clone(),
+                answer: "none of .zarray, .zgroup, .zattrs or zarr.json is there (not a Zarr \
+                         store, or not on this server)"
+                    .to_string(),
+            });
+        }
+        let name = |m: &ObjectMeta| m.location.filename().unwrap_or("").to_string();
+        let names: Vec<String> = objects.iter().map(name).collect();
+        let has = |n: &str| names.iter().any(|m| m == n);
+        let group = if has(".zarray") {
+            None
+        } else if has(".zattrs") {
+            Some((true, ".zattrs"))
+        } else if has("zarr.json") {
+            Some((false, "zarr.json"))
+        } else {
+            None
+        };
+        if let Some((v2, document)) = group {
+            let doc = self.get(&ObjectPath::from(format!("{root}/{document}")))?;
+            let doc: serde_json::Value =
+                serde_json::from_slice(&doc).map_err(|e| ObjectStoreError::Refused {
+                    url: self.address.url_of(&format!("{root}/{document}")),
+                    why: format!("its JSON does not parse: {e}"),
+                })?;
+            let datasets = crate::source::zarr::image_of_group(v2, &doc)
+                .and_then(|meta| meta.multiscales.get("datasets").cloned())
+                .and_then(|d| d.as_array().cloned())
+                .unwrap_or_default();
+            let metadata = if v2 { ".zarray" } else { "zarr.json" };
+            for dataset in datasets {
+                let Some(path) = dataset.get("path").and_then(serde_json::Value::as_str) else {
+                    continue;
+                };
+                // A path that leaves the store is no dataset of it (the image refuses it).
+                if path
+                    .split('/')
+                    .any(|s| s.is_empty() || s == "." || s == "..")
+                {
+                    continue;
+                }
+                objects.extend(self.heads(&format!("{root}/{path}"), &[metadata])?);
+            }
+        }
+        Ok(Listing {
+            objects,
+            truncated: false,
+        })
+    }
+
+    /// The documents `names` under `dir` that the store has, looked at at once. Blocking.
+    fn heads(&self, dir: &str, names: &[&str]) -> Result<Vec<ObjectMeta>, ObjectStoreError> {
+        let look = |name: &&str| {
+            let path = ObjectPath::from(format!("{dir}/{name}"));
+            async move {
+                match self.store.head(&path).await {
+                    Ok(meta) => Ok(Some(meta)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(err) => Err(self.error("look at", path.as_ref(), err)),
+                }
+            }
+        };
+        let found: Vec<Option<ObjectMeta>> = self.block_on(
+            futures::stream::iter(names.iter().map(look))
+                .buffered(MAX_REQUESTS)
+                .try_collect(),
+        )?;
+        Ok(found.into_iter().flatten().collect())
     }
 
     /// What the store says the object at `path` is now. Blocking.

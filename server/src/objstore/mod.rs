@@ -1,5 +1,7 @@
 //! Sources in object stores: `tessera serve s3://BUCKET/PREFIX/` serves the `.npy` objects
-//! and Zarr arrays under the prefix, read with range requests through the segment cache
+//! and Zarr arrays under the prefix, read with range requests through the segment cache;
+//! `tessera serve https://HOST/PATH/STORE.zarr` (or `.npy`) one store or object of a web
+//! server, which cannot be listed: its metadata documents are looked at instead
 //! (docs/guides/object-stores.md, docs/decisions/0037).
 //!
 //! ```text
@@ -13,7 +15,7 @@
 //!                                   ZarrObject: zarrs on zarrs_object_store, per chunk
 //! ```
 //!
-//! The S3 client is object_store's (client.rs): credentials, region and endpoint from the
+//! The S3 client is object_store's (client.rs; its HTTP client for a web server): credentials, region and endpoint from the
 //! standard `AWS_*` variables, anonymous without credentials, at most
 //! [`client::MAX_REQUESTS`] requests in flight per bucket, retried with backoff on 5xx and
 //! throttling. The chunk service's single flight and cache keep each cell crossing the
@@ -74,12 +76,17 @@ pub struct Synced {
 }
 
 impl Bucket {
-    /// The source at `address`, listing at most `max_objects` objects. Dials nothing yet;
-    /// must be called on the runtime that will run its requests.
-    pub fn new(address: &str, max_objects: usize) -> Result<Bucket, ObjectStoreError> {
+    /// The source at `address`, listing at most `max_objects` objects; a plain `http://`
+    /// one off loopback only when `allow_http`. Dials nothing yet; must be called on the
+    /// runtime that will run its requests.
+    pub fn new(
+        address: &str,
+        max_objects: usize,
+        allow_http: bool,
+    ) -> Result<Bucket, ObjectStoreError> {
         let address = StoreAddress::parse(address)?;
         Ok(Bucket {
-            client: Client::new(address)?,
+            client: Client::new(address, allow_http)?,
             max_objects,
             refused: Mutex::default(),
         })

@@ -716,14 +716,15 @@ async fn follow_upstream(
     }
 }
 
-/// The object-store sources of `settings` (`s3://` among the paths).
+/// The object-store sources of `settings` (`s3://`, `https://` among the paths).
 fn open_buckets(settings: &Settings) -> Result<Vec<Arc<Bucket>>, DaemonError> {
     let cap = settings.sources.object_store_max_objects;
+    let allow_http = settings.sources.object_store_allow_http;
     settings
         .object_stores
         .iter()
         .map(|address| {
-            let bucket = Bucket::new(address, cap)?;
+            let bucket = Bucket::new(address, cap, allow_http)?;
             tracing::info!(
                 store = %address,
                 anonymous = bucket.anonymous(),

@@ -285,14 +285,19 @@ settings_block! {
         /// within it [default: 2s].
         #[arg(long, env = "TESSERA_UPSTREAM_POLL", value_name = "DURATION")]
         upstream_poll: Duration = Duration::of(DEFAULT_UPSTREAM_POLL),
-        /// Time between listings of an object-store source (`s3://`): an object replaced
-        /// or added gets new chunk ids, or is served, within it [default: 30s].
+        /// Time between listings of an object-store source (`s3://`; HEADs of an
+        /// `https://` one): an object replaced or added gets new chunk ids, or is served,
+        /// within it [default: 30s].
         #[arg(long, env = "TESSERA_OBJECT_STORE_RESCAN", value_name = "DURATION")]
         object_store_rescan: Duration = Duration::of(DEFAULT_OBJECT_STORE_RESCAN),
         /// Most objects one listing of an object-store prefix takes in; past it the listing
         /// stops and says so [default: 100000].
         #[arg(long, env = "TESSERA_OBJECT_STORE_MAX_OBJECTS", value_name = "N")]
         object_store_max_objects: usize = crate::objstore::DEFAULT_MAX_OBJECTS,
+        /// Read `http://` object-store sources from hosts other than loopback (their bytes
+        /// cross the network unauthenticated) [default: false: only `https://` there].
+        #[arg(long, env = "TESSERA_OBJECT_STORE_ALLOW_HTTP", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+        object_store_allow_http: bool = false,
     }
 }
 
