@@ -332,3 +332,45 @@ def test_an_ome_zarr_image_is_one_tensor_with_its_native_levels(
         want = zarr.open_array(str(local / "2"), mode="r")[...]
         got = direct.get_tensor("cells", scale_hint=[1, 4, 4], reduction_method="precompute").compute()
         assert np.array_equal(got, want)
+
+
+def test_add_source_serves_an_address_under_an_allowed_prefix_and_refuses_others(
+    start_server, moto, filled, tmp_path, arrays, monkeypatch
+):
+    local = tmp_path / "local"
+    local.mkdir()
+    np.save(local / "bool.npy", arrays["bool"])
+    server = start_server(local, extra=GRID + ("--add-source-store-root", f"s3://{BUCKET}/{PREFIX}"),
+                          env=moto.env())
+    monkeypatch.setenv("BIOPB_CACHEFILE_TRANSFER_DISABLED", "1")
+    client = TensorFlightClient(server.location, cache_bytes=0)
+    ids = set(client.query("SELECT source_id FROM sources").column("source_id").to_pylist())
+    assert "v2" not in ids and "bool" in ids
+
+    result = client.register_local_path(f"s3://{BUCKET}/{PREFIX}")
+    assert set(result.added) == set(filled), result
+    failed = {f.path: f.reason for f in result.failed}
+    assert "broken" in failed and "truncated" in failed["broken"], failed
+    read_all(client, filled)
+    rows = client.query("SELECT source_id, source_url FROM sources").to_pylist()
+    assert {r["source_id"]: r["source_url"] for r in rows}["v3"] == f"s3://{BUCKET}/{PREFIX}v3.zarr"
+
+    # Again: listed again, nothing new; a deleted object is removed.
+    moto.s3.delete_object(Bucket=BUCKET, Key=f"{PREFIX}f64_1d.npy")
+    again = client.register_local_path(f"s3://{BUCKET}/{PREFIX}")
+    assert not again.added and list(again.removed) == ["f64_1d"], again
+
+    # Outside the allowed prefix, and a scheme that cannot be listed: refused by name.
+    with pytest.raises(flight.FlightServerError, match="add_source_store_roots") as outside:
+        client.register_local_path(f"s3://{BUCKET}/other/")
+    assert f"s3://{BUCKET}/other/" in str(outside.value)
+    with pytest.raises(flight.FlightServerError, match="cannot be listed"):
+        client.register_local_path("https://127.0.0.1:9/data/")
+    np.testing.assert_array_equal(client.get_tensor("bool").compute(), arrays["bool"])
+
+
+def test_add_source_of_an_address_is_refused_without_a_store_root(start_server, moto, filled, fixture_dir):
+    server = start_server(fixture_dir, extra=("--add-source-root", str(fixture_dir)), env=moto.env())
+    client = TensorFlightClient(server.location, cache_bytes=0)
+    with pytest.raises(flight.FlightServerError, match="--add-source-store-root"):
+        client.register_local_path(f"s3://{BUCKET}/{PREFIX}")

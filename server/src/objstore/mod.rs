@@ -28,6 +28,7 @@ pub mod error;
 pub mod listing;
 pub mod npy;
 pub mod ome;
+pub mod runtime;
 pub mod zarr;
 
 use std::collections::{HashMap, HashSet};

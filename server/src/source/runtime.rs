@@ -27,17 +27,25 @@ pub const DEFAULT_MAX_FILES: usize = 10_000;
 /// Where runtime sources may come from.
 #[derive(Clone, Debug)]
 pub struct RuntimeRoots {
-    /// Directories under which paths may be added; empty: adding is refused.
+    /// Directories under which paths may be added; empty (and no object-store prefix):
+    /// adding is refused.
     pub roots: Vec<PathBuf>,
+    /// Object-store prefixes (`s3://BUCKET/PREFIX/`) under which addresses may be added
+    /// (`objstore::runtime`).
+    pub object_stores: Vec<String>,
     /// Most `.npy` files one directory may hold to be added (the large-scan threshold).
     pub max_files: usize,
+    /// Most objects one listing of an added object-store address takes in.
+    pub max_objects: usize,
 }
 
 impl Default for RuntimeRoots {
     fn default() -> Self {
         Self {
             roots: Vec::new(),
+            object_stores: Vec::new(),
             max_files: DEFAULT_MAX_FILES,
+            max_objects: crate::objstore::DEFAULT_MAX_OBJECTS,
         }
     }
 }
@@ -74,6 +82,15 @@ pub enum RuntimeError {
          (or add it to TESSERA_ADD_SOURCE_ROOTS)"
     )]
     OutsideRoots(String),
+    /// An object-store address that cannot be added: not one this build reads, or under
+    /// no object-store prefix of `add_source_roots`.
+    #[error("'{url}' cannot be added: {why}")]
+    ObjectStore {
+        /// The address asked for.
+        url: String,
+        /// Why.
+        why: String,
+    },
     /// `remove_source` of something other than a runtime root.
     #[error(
         "remove_source removes only sources added at runtime: root_url must be a dnd:// \
@@ -116,7 +133,10 @@ struct Place {
 /// `url` (a path or a `file://` url) checked against `config`: resolved and under a root.
 pub fn plan_add(config: &RuntimeRoots, url: &str) -> Result<AddPlan, RuntimeError> {
     if config.roots.is_empty() {
-        return Err(RuntimeError::Disabled);
+        if config.object_stores.is_empty() {
+            return Err(RuntimeError::Disabled);
+        }
+        return Err(RuntimeError::OutsideRoots(url.to_string()));
     }
     let raw = url.strip_prefix("file://").unwrap_or(url);
     let asked = Path::new(raw);

@@ -259,6 +259,16 @@ settings_block! {
             value_name = "DIR"
         )]
         add_source_roots: Vec<PathBuf> = Vec::new(),
+        /// An object-store prefix (`s3://BUCKET/PREFIX/`) under which clients may add
+        /// object-store sources at runtime (`add_source` of an `s3://` address); repeat for
+        /// several; none: refused [env: comma-separated list].
+        #[arg(
+            long = "add-source-store-root",
+            env = "TESSERA_ADD_SOURCE_STORE_ROOTS",
+            value_delimiter = ',',
+            value_name = "S3_PREFIX"
+        )]
+        add_source_store_roots: Vec<String> = Vec::new(),
         /// Most .npy files one `add_source` of a directory registers [default: 10000].
         #[arg(long, env = "TESSERA_ADD_SOURCE_MAX_FILES", value_name = "N")]
         add_source_max_files: usize = DEFAULT_MAX_FILES,
@@ -310,6 +320,10 @@ pub const DEFAULT_UPSTREAM_POLL: std::time::Duration = std::time::Duration::from
 impl SourcesValues {
     /// Refuses relative runtime roots and limits that would serve nothing.
     pub fn check(&self) -> Result<(), ConfigError> {
+        for address in &self.add_source_store_roots {
+            crate::objstore::runtime::check_root(address)
+                .map_err(|e| ConfigError::Invalid(format!("add_source_store_roots entry {e}")))?;
+        }
         if let Some(relative) = self.add_source_roots.iter().find(|r| !r.is_absolute()) {
             return Err(ConfigError::Invalid(format!(
                 "add_source_roots entry '{}' must be an absolute path",
@@ -334,7 +348,9 @@ impl SourcesValues {
     pub fn runtime_roots(&self) -> RuntimeRoots {
         RuntimeRoots {
             roots: self.add_source_roots.clone(),
+            object_stores: self.add_source_store_roots.clone(),
             max_files: self.add_source_max_files,
+            max_objects: self.object_store_max_objects,
         }
     }
 }

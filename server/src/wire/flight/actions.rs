@@ -2,6 +2,7 @@
 //! `remove_source`, `roi_prune`, `add_tensor`, `set_upload_status` (one reply each) and
 //! `resolve`, `add_source` (streamed replies).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -199,6 +200,9 @@ fn add_source(
         }
         .into());
     }
+    if crate::objstore::is_object_store(&request.url) {
+        return add_object_store(state, &request.url);
+    }
     let plan = runtime::plan_add(state.runtime_roots(), &request.url)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<arrow_flight::Result>(PROGRESS_QUEUE);
     let worker_state = state.clone();
@@ -220,6 +224,58 @@ fn add_source(
             ))),
         };
         // The client may have gone; what was registered stays registered.
+        let _ = tx.blocking_send(result(&done));
+        worker_state.catalog_tree();
+    });
+    Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (Ok(item), rx))
+    })))
+}
+
+/// Adds the object-store address `url` (under `add_source_store_roots`, checked at once):
+/// lists it on a blocking thread and answers one result, the ids it serves or refuses now.
+fn add_object_store(
+    state: &Arc<ServiceState>,
+    url: &str,
+) -> ServiceResult<BoxStream<arrow_flight::Result>> {
+    let bucket = crate::objstore::runtime::plan_add(state.runtime_roots(), url)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<arrow_flight::Result>(1);
+    let worker_state = state.clone();
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        let sources = worker_state.sources();
+        let held = |sources: &crate::source::sources::Sources| {
+            let registry = sources.read();
+            let served: BTreeSet<String> = registry.ids_by_path().into_values().collect();
+            let refused: BTreeMap<String, String> = registry
+                .refused()
+                .map(|r| (r.source_id.clone(), r.reason.clone()))
+                .collect();
+            (served, refused)
+        };
+        let (served_before, refused_before) = held(sources);
+        let limits = sources.open_options().limits;
+        let mut report = AddReport::default();
+        if let Err(err) = bucket.sync(sources, &limits) {
+            report.failed.push((url.clone(), err.to_string()));
+        }
+        let (served, refused) = held(sources);
+        report.added = served
+            .difference(&served_before)
+            .filter(|id| !refused.contains_key(*id))
+            .cloned()
+            .collect();
+        report.removed = served_before.difference(&served).cloned().collect();
+        report.failed.extend(
+            refused
+                .into_iter()
+                .filter(|(id, _)| !refused_before.contains_key(id)),
+        );
+        let done = AddSourceStreamMessage {
+            payload: Some(add_source_stream_message::Payload::Result(add_result(
+                report,
+            ))),
+        };
         let _ = tx.blocking_send(result(&done));
         worker_state.catalog_tree();
     });
