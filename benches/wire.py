@@ -106,7 +106,9 @@ def main():
             server = TesseraProcess(
                 args.bin,
                 [work / "src", "--cache-dir", work / f"cache-{mode}", "--wire-compression", mode,
-                 "--metrics-listen", metrics, "--http-listen", "off"],
+                 "--metrics-listen", metrics, "--http-listen", "off",
+                 # Every plan on the 8 MiB socket grid (a DoGet reader's), from the first.
+                 "--loopback-plans", "socket"],
                 env={"TESSERA_STATE_DIR": str(work / f"state-{mode}")},
             )
             server.metrics = metrics
