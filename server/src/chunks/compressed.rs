@@ -306,7 +306,8 @@ impl WireBodies {
     }
 
     /// Bytes of kept bodies now.
-    pub fn held_bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn held_bytes(&self) -> u64 {
         self.held.lock().map_or(0, |held| held.bytes)
     }
 
