@@ -43,6 +43,7 @@
 
 mod budget;
 mod buffers;
+mod compressed;
 mod decode;
 mod decodes;
 mod error;
@@ -72,6 +73,9 @@ use crate::source::registry::Tensor;
 pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
 use budget::{BudgetError, DecodeBudget, Reserved};
 use buffers::BufferPool;
+pub use compressed::{
+    BodyEncoding, DEFAULT_WIRE_COMPRESSION_MEMORY, TensorKind, WireBodies, WireCompression,
+};
 use decodes::Decodes;
 pub use error::ChunkError;
 pub use locate::{LocateOutcome, Unlocatable};
@@ -150,6 +154,8 @@ pub struct ChunkService {
     metrics: Metrics,
     /// What scaled decodes running together may hold.
     scaled_budget: DecodeBudget,
+    /// The rule of compressed replies and the bodies it keeps (docs/decisions/0039).
+    wire: Arc<WireBodies>,
 }
 
 impl ChunkService {
@@ -175,7 +181,20 @@ impl ChunkService {
             recuts: AtomicU64::new(0),
             metrics: Metrics::default(),
             scaled_budget: DecodeBudget::new(DEFAULT_MAX_SCALED_DECODE_BYTES),
+            wire: Arc::new(WireBodies::default()),
         }
+    }
+
+    /// Sets when `do_get` replies carry zstd-compressed buffers and the memory their kept
+    /// bodies may hold (default `auto`, [`DEFAULT_WIRE_COMPRESSION_MEMORY`]).
+    pub fn with_wire_compression(mut self, mode: WireCompression, memory: u64) -> Self {
+        self.wire = Arc::new(WireBodies::new(mode, memory));
+        self
+    }
+
+    /// The rule of compressed replies and the bodies it keeps.
+    pub fn wire_bodies(&self) -> &Arc<WireBodies> {
+        &self.wire
     }
 
     /// Sets the memory all scaled decodes together may hold (default

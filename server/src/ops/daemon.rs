@@ -225,6 +225,10 @@ impl Daemon {
             .with_read_ahead(chunks.read_ahead.get())
             .with_settle_window(chunks.settle_window.get())
             .with_scaled_decode_budget(chunks.max_scaled_decode_memory.get())
+            .with_wire_compression(
+                chunks.wire_compression,
+                chunks.wire_compression_memory.get(),
+            )
             .with_metrics(metrics.clone());
         let state = Arc::new(
             ServiceState::new(registry, options, Arc::new(service))

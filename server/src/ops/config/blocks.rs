@@ -24,6 +24,7 @@ use super::{
 };
 use crate::chunks::{
     DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
+    DEFAULT_WIRE_COMPRESSION_MEMORY, WireCompression,
 };
 use crate::grid::route::LoopbackPlans;
 use crate::grid::scaled::pyramid::PyramidPolicy;
@@ -181,7 +182,7 @@ impl UnreadRepliesValues {
 }
 
 settings_block! {
-    /// Chunks: the grids reads are planned on and how chunks are decoded.
+    /// Chunks: the grids reads are planned on, how chunks are decoded and how they are sent.
     #[command(next_help_heading = "Chunks")]
     pub struct Chunks => ChunksValues {
         /// Target chunk size below the 64MiB cap, e.g. 8MiB [default: 8MiB].
@@ -209,6 +210,15 @@ settings_block! {
         /// waits for its share, and one that alone needs more is refused [default: 512MiB].
         #[arg(long, env = "TESSERA_MAX_SCALED_DECODE_MEMORY", value_name = "SIZE")]
         max_scaled_decode_memory: Size = Size::bytes(DEFAULT_MAX_SCALED_DECODE_BYTES),
+        /// Zstd-compress the buffers of do_get replies: `auto` for peers not on loopback
+        /// (label sets always, pixels when a sample shrinks 1.25×), `zstd` for every peer,
+        /// `off` never [default: auto].
+        #[arg(long, env = "TESSERA_WIRE_COMPRESSION", value_enum)]
+        wire_compression: WireCompression = WireCompression::default(),
+        /// Memory the compressed bodies kept for replies may hold; the least recently used
+        /// are dropped past it [default: 256MiB].
+        #[arg(long, env = "TESSERA_WIRE_COMPRESSION_MEMORY", value_name = "SIZE")]
+        wire_compression_memory: Size = Size::bytes(DEFAULT_WIRE_COMPRESSION_MEMORY),
     }
 }
 
@@ -728,6 +738,15 @@ mod tests {
                 "\"1MiB\"",
                 "\"3MiB\"",
                 "\"32MiB\"",
+            ),
+            (
+                None,
+                "wire_compression",
+                ["--wire-compression", "zstd"],
+                "\"off\"",
+                "\"zstd\"",
+                "\"off\"",
+                "\"auto\"",
             ),
             (
                 None,
