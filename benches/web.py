@@ -31,8 +31,10 @@ Usage (from the repository root)::
 
     .venv/bin/python benches/web.py [--bin target/release/tessera]
         [--reference | --reference-bin PATH/biopb-tensor-server] [--viewers 1,50,200]
-        [--seconds 5] [--pace-ms 250] [--json out.json]
+        [--seconds 5] [--pace-ms 250] [--https] [--json out.json]
 
+`--https` adds Tessera started with `--tls-cert` (the API over HTTPS, a self-signed leaf the
+client trusts) beside the plain-HTTP rows, with the ratios of the two.
 `--reference` installs biopb-tensor-server 0.13.0 with benches/reference/setup.sh on first
 use; `--reference-bin` uses one installed elsewhere (its venv needs the `[web]` extra:
 fastapi, uvicorn).
@@ -104,19 +106,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=30) as r:
+def get_json(url: str, context=None):
+    with urllib.request.urlopen(url, timeout=30, context=context) as r:
         return json.load(r)
 
 
-def find_array_id(base: str, stem: str) -> str:
+def find_array_id(base: str, stem: str, context=None) -> str:
     """The array id of the source named `stem…` in the server's `/api/tree`."""
     keys = [""]
     for _ in range(50):
         if not keys:
             break
         key = keys.pop(0)
-        level = get_json(f"{base}/api/tree?key={urllib.parse.quote(key)}")
+        level = get_json(f"{base}/api/tree?key={urllib.parse.quote(key)}", context)
         for source in level.get("sources", []):
             if source["name"].startswith(stem):
                 tensors = source["descriptor"].get("tensors") or []
@@ -127,10 +129,11 @@ def find_array_id(base: str, stem: str) -> str:
 
 class Tessera:
     name = "Tessera"
+    ssl = None
 
-    def __init__(self, binary, data, scratch):
+    def __init__(self, binary, data, scratch, extra=()):
         self.proc = TesseraProcess(binary, [data, "--cache-dir", scratch / "cache",
-                                            "--http-listen", "127.0.0.1:0"],
+                                            "--http-listen", "127.0.0.1:0", *extra],
                                    env={"TESSERA_STATE_DIR": str(scratch / "state")})
         self.pid = self.proc.pid
         self.base = next(m.group(1) for line in self.proc.log if (m := HTTP_LINE.search(line)))
@@ -139,8 +142,32 @@ class Tessera:
         self.proc.stop()
 
 
+class TesseraHttps(Tessera):
+    """The same server with `--tls-cert`: the HTTP API over HTTPS (a self-signed P-256 leaf
+    made with openssl; the client trusts it), so the rows beside plain HTTP show what the
+    encryption costs per tile."""
+
+    name = "Tessera (HTTPS)"
+
+    def __init__(self, binary, data, scratch):
+        import ssl
+        import subprocess
+
+        cert, key = scratch / "cert.pem", scratch / "key.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+             "-addext", "basicConstraints=critical,CA:FALSE"],
+            check=True, capture_output=True)
+        key.chmod(0o600)
+        self.ssl = ssl.create_default_context(cafile=str(cert))
+        super().__init__(binary, data, scratch, extra=("--tls-cert", cert, "--tls-key", key))
+
+
 class Biopb:
     name = "biopb 0.13.0 (launch: Flight + sidecar)"
+    ssl = None
 
     def __init__(self, binary, data, scratch):
         import biopb_reference
@@ -184,6 +211,9 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, host: str):
         self.host = host
         self.buffer = bytearray(1 << 20)
+        # A memoryview, not the bytearray: asyncio's TLS transport reads on into
+        # `buffer[offset:]`, which for a bytearray would be a copy (the bytes lost).
+        self.view = memoryview(self.buffer)
         self.head = bytearray()
         self.remaining = None
         self.waiter = None
@@ -194,7 +224,7 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport
 
     def get_buffer(self, sizehint):
-        return self.buffer
+        return self.view
 
     def buffer_updated(self, nbytes):
         data = memoryview(self.buffer)[:nbytes]
@@ -247,12 +277,13 @@ class Connection(asyncio.BufferedProtocol):
         return status
 
 
-async def connect(base: str, n: int) -> list[Connection]:
+async def connect(base: str, n: int, context=None) -> list[Connection]:
     url = urllib.parse.urlsplit(base)
     loop = asyncio.get_running_loop()
     conns = []
     for _ in range(n):
-        _, conn = await loop.create_connection(lambda: Connection(url.netloc), url.hostname, url.port)
+        _, conn = await loop.create_connection(lambda: Connection(url.netloc), url.hostname, url.port,
+                                               ssl=context)
         conns.append(conn)
     return conns
 
@@ -297,8 +328,8 @@ def summarize(latencies, wall, cpu, client_cpu) -> dict:
 
 
 async def measure(server, viewers, seconds, pace) -> dict:
-    array_id = find_array_id(server.base, "pat")
-    info = get_json(f"{server.base}/api/tile_info/{urllib.parse.quote(array_id, safe='@/')}")
+    array_id = find_array_id(server.base, "pat", server.ssl)
+    info = get_json(f"{server.base}/api/tile_info/{urllib.parse.quote(array_id, safe='@/')}", server.ssl)
     tiles = tile_paths(info)
     assert len(tiles) == 340, (len(tiles), info["levels"])
     paths = [p for p, _ in tiles]
@@ -312,7 +343,7 @@ async def measure(server, viewers, seconds, pace) -> dict:
     for name, walks, secs, pace_s in plans:
         # New connections per phase: a server may close one idle between phases (uvicorn
         # after 5 s), and a browser would open a new one then, outside the tile's time.
-        conns = await connect(server.base, viewers)
+        conns = await connect(server.base, viewers, server.ssl)
         cpu0, client0 = cpu_seconds(server.pid), time.process_time()
         latencies, wall = await run_phase(conns, walks, secs, pace_s)
         phases[name] = summarize(latencies, wall, cpu_seconds(server.pid) - cpu0,
@@ -320,7 +351,7 @@ async def measure(server, viewers, seconds, pace) -> dict:
         for c in conns:
             c.transport.close()
     # The bytes: a tile of every level and plane, checked against the pattern (untimed).
-    (check,) = await connect(server.base, 1)
+    (check,) = await connect(server.base, 1, server.ssl)
     for path, (z, level, col, row) in tiles[::23]:
         await check.get(path, keep=True)
         got = np.frombuffer(bytes(check.body), "<u2")
@@ -355,9 +386,13 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each warm phase")
     parser.add_argument("--pace-ms", type=float, default=250.0, help="a paced viewer's time between tiles")
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--https", action="store_true",
+                        help="also Tessera with --tls-cert: the HTTP API over HTTPS, beside plain HTTP")
     parser.add_argument("--only-reference", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     systems = [] if args.only_reference else [("tessera", Tessera, args.bin)]
+    if args.https:
+        systems.append(("https", TesseraHttps, args.bin))
     if args.reference or args.reference_bin:
         ref_bin = args.reference_bin
         if ref_bin is None:
@@ -391,7 +426,18 @@ def main():
     print(f"pace {args.pace_ms:g} ms, warm phases {args.seconds:g} s, binary {args.bin}")
     print(table(rows))
     by = {(r["server"], r["viewers"]): r for r in results}
-    if len(systems) == 2:
+    keys = {key for key, _, _ in systems}
+    if {"tessera", "https"} <= keys:
+        print()
+        print("| viewers | phase | HTTPS / HTTP tiles/s | HTTPS / HTTP server CPU per tile | HTTPS / HTTP p50 |")
+        print("|---|---|---|---|---|")
+        for viewers in [int(v) for v in args.viewers.split(",")]:
+            for phase in ("cold", "warm", "paced"):
+                t, h = by[("tessera", viewers)][phase], by[("https", viewers)][phase]
+                print(f"| {viewers} | {phase} | {h['tiles_per_s'] / t['tiles_per_s']:.2f}x "
+                      f"| {h['server_cpu_ms_per_tile'] / t['server_cpu_ms_per_tile']:.2f}x "
+                      f"| {h['p50_ms'] / t['p50_ms']:.2f}x |")
+    if {"tessera", "biopb"} <= keys:
         print()
         print("| viewers | phase | Tessera / biopb tiles/s | biopb p50 / Tessera p50 |")
         print("|---|---|---|---|")

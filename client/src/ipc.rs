@@ -281,6 +281,50 @@ mod tests {
     }
 
     #[test]
+    fn doget_bodies_with_zstd_buffers_decode() {
+        // A server may compress a reply's buffers (docs/decisions/0039): runs shrink to a
+        // zstd frame, noise is stored raw with the length -1; both decode exactly.
+        let runs: Vec<u8> = (0..200_000u32).map(|i| (i / 4096) as u8).collect();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let noise: Vec<u8> = (0..50_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let (schema_msg, _) = doget_messages(&runs);
+        let StreamMessage::Schema(schema) =
+            stream_message(&schema_msg.data_header, schema_msg.data_body, None).unwrap()
+        else {
+            panic!("the first message is the schema");
+        };
+        let options = arrow_ipc::writer::IpcWriteOptions::default()
+            .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))
+            .unwrap();
+        for data in [&runs, &noise] {
+            let batch = chunk_batch(data, &[data.len() as i64], "|u1");
+            let (_, encoded) = arrow_ipc::writer::IpcDataGenerator::default()
+                .encode(
+                    &batch,
+                    &mut arrow_ipc::writer::DictionaryTracker::new(false),
+                    &options,
+                    &mut arrow_ipc::writer::IpcWriteContext::default(),
+                )
+                .unwrap();
+            let body = Bytes::from(encoded.arrow_data);
+            let StreamMessage::Batch(decoded) =
+                stream_message(&encoded.ipc_message, body, Some(&schema)).unwrap()
+            else {
+                panic!("the second message is the batch");
+            };
+            let view = view_from_batch(&decoded, ChunkOrigin::Socket).unwrap();
+            assert!(view.bytes() == data.as_slice());
+        }
+    }
+
+    #[test]
     fn malformed_doget_messages_are_refused() {
         let (schema_msg, batch_msg) = doget_messages(&[7u8; 64]);
         let err = stream_message(&batch_msg.data_header, batch_msg.data_body.clone(), None)

@@ -18,7 +18,9 @@
 
 use std::sync::Arc;
 
-use crate::chunks::{ChunkService, EncodedChunk, LocateOutcome, Unlocatable};
+use crate::chunks::{
+    BodyEncoding, ChunkService, EncodedChunk, LocateOutcome, TensorKind, Unlocatable,
+};
 use crate::error::{Fault, RequestError, ServiceError, ServiceResult};
 use crate::grid::chunk_id::ChunkId;
 use crate::grid::route::{Route, RoutePlanner};
@@ -26,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::source::registry::Tensor;
 use crate::source::sources::{LookupError, Sources};
 use crate::source::{HeldLocation, SourceError};
-use crate::uploads::{SCRATCH_SOURCE_ID, UploadError, Uploads, is_upload_id};
+use crate::uploads::{SCRATCH_SOURCE_ID, UploadError, Uploads, is_label_set, is_upload_id};
 
 /// The request path over the service's collaborators (built by
 /// [`ServiceState::read_path`](crate::state::ServiceState::read_path); cheap).
@@ -171,6 +173,55 @@ impl<'a> ReadPath<'a> {
         loopback: bool,
     ) -> ServiceResult<EncodedChunk> {
         let (tensor, id) = self.chunk(chunk_id)?;
+        self.encoded(tensor, id, loopback).await
+    }
+
+    /// The `do_get` reply of the chunk a ticket names: its IPC message as stored, or with
+    /// its buffers zstd-compressed when `--wire-compression`'s rule says so for this peer
+    /// and tensor (docs/decisions/0039). A chunk whose compression fails is sent raw.
+    pub async fn wire_chunk(
+        &self,
+        chunk_id: &[u8],
+        loopback: bool,
+    ) -> ServiceResult<(EncodedChunk, BodyEncoding)> {
+        let (tensor, id) = self.chunk(chunk_id)?;
+        let kind = if is_label_set(id.array_id()) {
+            TensorKind::Labels
+        } else {
+            TensorKind::Pixels
+        };
+        let raw = self.encoded(tensor, id, loopback).await?;
+        let wire = Arc::clone(self.chunks.wire_bodies());
+        let (chunk, encoding) = if wire.may_compress(loopback) {
+            let key = chunk_id.to_vec();
+            let fallback = raw.clone();
+            let replied = tokio::task::spawn_blocking(move || wire.reply(&key, kind, raw)).await;
+            match replied {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(err)) => {
+                    tracing::error!(error = %err, "a chunk reply is sent raw: its zstd body failed");
+                    (fallback, BodyEncoding::Raw)
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "a chunk reply is sent raw: compressing it failed");
+                    (fallback, BodyEncoding::Raw)
+                }
+            }
+        } else {
+            (raw, BodyEncoding::Raw)
+        };
+        self.metrics
+            .record_do_get_body(encoding.label(), chunk.body.len() as u64);
+        Ok((chunk, encoding))
+    }
+
+    /// The IPC message of `tensor`'s chunk `id`, as [`Self::encoded_chunk`] says.
+    async fn encoded(
+        &self,
+        tensor: Arc<Tensor>,
+        id: ChunkId,
+        loopback: bool,
+    ) -> ServiceResult<EncodedChunk> {
         if tensor.source.held_chunks().is_some() {
             let chunk = held(tensor, id, |held, id| held.read(id)).await?;
             let chunk = EncodedChunk {

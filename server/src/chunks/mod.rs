@@ -36,6 +36,11 @@
 //! decoding) also queues background decodes of the next cells in that direction
 //! ([`readahead`]), through the same single flight and decode permits.
 //!
+//! Decode permits come from one of two pools ([`permits`]): as many as the cores for
+//! sources read on this machine, and `upstream_fetches` (8 by default) for sources whose
+//! reads wait on a network link (an upstream server's chunks), so a node-local cache keeps
+//! its link busy with more fetches in flight than it has cores.
+//!
 //! When an append fails (disk full, I/O error) the chunk is still served over
 //! `do_get` from memory, the failure is logged once, and appends pause for a doubling
 //! backoff before the next try ([`writes`]); a full disk also makes the store evict below
@@ -43,11 +48,13 @@
 
 mod budget;
 mod buffers;
+mod compressed;
 mod decode;
 mod decodes;
 mod error;
 mod locate;
 mod memory;
+mod permits;
 mod plans;
 mod readahead;
 mod recut;
@@ -63,7 +70,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tessera_proto::json::CacheStats;
-use tokio::sync::Semaphore;
 
 use crate::grid::Region;
 use crate::grid::chunk_id::ChunkId;
@@ -72,11 +78,16 @@ use crate::source::registry::Tensor;
 pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
 use budget::{BudgetError, DecodeBudget, Reserved};
 use buffers::BufferPool;
+pub use compressed::{
+    BodyEncoding, DEFAULT_WIRE_COMPRESSION_MEMORY, TensorKind, WireBodies, WireCompression,
+};
 use decodes::Decodes;
 pub use error::ChunkError;
 pub use locate::{LocateOutcome, Unlocatable};
 use memory::MemoryCache;
 pub use memory::MemoryStore;
+pub use permits::DEFAULT_UPSTREAM_FETCHES;
+use permits::Permits;
 use plans::RecentPlans;
 pub use store::{ChunkStore, SegmentFiles};
 use writes::Writes;
@@ -128,10 +139,11 @@ pub struct ChunkService {
     fallback: MemoryCache,
     decoding: Decodes<Result<Materialized, ChunkError>>,
     buffers: BufferPool,
-    decode_permits: Semaphore,
-    /// Turns of decodes ahead (read-ahead, plan ends): one fewer than the decode permits,
-    /// so a request always finds a permit no guess holds.
-    ahead_turns: Semaphore,
+    /// Decode permits and turns ahead: by the cores for local sources, more for sources
+    /// read over a link (`permits.rs`).
+    permits: Permits,
+    /// How many decodes of local sources run at once (the cores).
+    max_decodes: usize,
     read_ahead_bytes: u64,
     /// A source touched more recently than this is not decoded until it is older.
     settle_window: Duration,
@@ -150,6 +162,8 @@ pub struct ChunkService {
     metrics: Metrics,
     /// What scaled decodes running together may hold.
     scaled_budget: DecodeBudget,
+    /// The rule of compressed replies and the bodies it keeps (docs/decisions/0039).
+    wire: Arc<WireBodies>,
 }
 
 impl ChunkService {
@@ -161,8 +175,8 @@ impl ChunkService {
             fallback: MemoryCache::new(fallback_bytes),
             decoding: Decodes::default(),
             buffers: BufferPool::new(max_decodes),
-            decode_permits: Semaphore::new(max_decodes.max(1)),
-            ahead_turns: Semaphore::new(max_decodes.saturating_sub(1).max(1)),
+            permits: Permits::new(max_decodes, DEFAULT_UPSTREAM_FETCHES),
+            max_decodes,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
@@ -175,7 +189,20 @@ impl ChunkService {
             recuts: AtomicU64::new(0),
             metrics: Metrics::default(),
             scaled_budget: DecodeBudget::new(DEFAULT_MAX_SCALED_DECODE_BYTES),
+            wire: Arc::new(WireBodies::default()),
         }
+    }
+
+    /// Sets when `do_get` replies carry zstd-compressed buffers and the memory their kept
+    /// bodies may hold (default `auto`, [`DEFAULT_WIRE_COMPRESSION_MEMORY`]).
+    pub fn with_wire_compression(mut self, mode: WireCompression, memory: u64) -> Self {
+        self.wire = Arc::new(WireBodies::new(mode, memory));
+        self
+    }
+
+    /// The rule of compressed replies and the bodies it keeps.
+    pub fn wire_bodies(&self) -> &Arc<WireBodies> {
+        &self.wire
     }
 
     /// Sets the memory all scaled decodes together may hold (default
@@ -183,6 +210,14 @@ impl ChunkService {
     /// and one that alone needs more is refused UNAVAILABLE.
     pub fn with_scaled_decode_budget(mut self, bytes: u64) -> Self {
         self.scaled_budget = DecodeBudget::new(bytes);
+        self
+    }
+
+    /// Sets how many reads of sources that wait on a network link (an upstream server's
+    /// chunks, [`crate::source::Source::waits_on_link`]) run at once, apart from the decode
+    /// permits of local sources (default [`DEFAULT_UPSTREAM_FETCHES`]; at least one).
+    pub fn with_upstream_fetches(mut self, fetches: usize) -> Self {
+        self.permits = Permits::new(self.max_decodes, fetches);
         self
     }
 
@@ -387,7 +422,8 @@ impl ChunkService {
         tokio::spawn(async move {
             // The turn is waited for outside the single flight: a request for a chunk still
             // queued here decodes it at once, and this decode then finds it stored.
-            if let Ok(_turn) = service.ahead_turns.acquire().await
+            let pool = service.permits.of(tensor.source.waits_on_link());
+            if let Ok(_turn) = pool.ahead.acquire().await
                 && let Err(err) = service.materialize(&tensor, &id, &key).await
             {
                 tracing::debug!(array_id = id.array_id(), chunk = ?id.region(), error = %err, "decoding ahead failed; the chunk is decoded when requested");
@@ -426,7 +462,9 @@ impl ChunkService {
                         return Ok(Materialized::Stored);
                     }
                     let permit = service
-                        .decode_permits
+                        .permits
+                        .of(tensor.source.waits_on_link())
+                        .work
                         .acquire()
                         .await
                         .map_err(|_| ChunkError::ShuttingDown)?;

@@ -8,6 +8,7 @@
 //!  accepted TCP connection ─▶ Metrics::connection_opened ─▶ tessera_open_connections (gauge)
 //!                                                          + tessera_connections_total
 //!  do_get / chunk_locate ─▶ tessera_served_bytes_total{path}
+//!  do_get reply body ─▶ tessera_do_get_body_bytes_total{encoding} (raw or zstd)
 //!  cold chunk materialized / cache append ─▶ tessera_chunk_{decode,write}_seconds
 //!  scrape endpoint ─▶ the above + a collector over the service state: cache, pins,
 //!                             sources, scans
@@ -62,6 +63,12 @@ struct PathLabels {
     path: &'static str,
 }
 
+/// Labels of `tessera_do_get_body_bytes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EncodingLabels {
+    encoding: &'static str,
+}
+
 /// The metrics this server records, and the registry they are encoded from. Cheap to
 /// clone: every clone records into the same registry.
 #[derive(Clone, Debug)]
@@ -75,6 +82,7 @@ struct Recorded {
     calls: Family<CallLabels, Counter>,
     served_do_get: Counter,
     served_located: Counter,
+    bodies: Family<EncodingLabels, Counter>,
     decode: Histogram,
     write: Histogram,
     open_connections: Gauge,
@@ -111,6 +119,15 @@ impl Metrics {
         let served_located = served
             .get_or_create(&PathLabels { path: "located" })
             .clone();
+        let bodies = Family::<EncodingLabels, Counter>::default();
+        registry.register(
+            "tessera_do_get_body_bytes",
+            "Bytes of do_get reply bodies sent, by encoding: raw (the chunk as stored) or zstd (its buffers compressed)",
+            bodies.clone(),
+        );
+        for encoding in ["raw", "zstd"] {
+            let _ = bodies.get_or_create(&EncodingLabels { encoding });
+        }
         let decode = Histogram::new(BUCKETS);
         registry.register_with_unit(
             "tessera_chunk_decode",
@@ -143,6 +160,7 @@ impl Metrics {
                 calls,
                 served_do_get,
                 served_located,
+                bodies,
                 decode,
                 write,
                 open_connections,
@@ -162,6 +180,15 @@ impl Metrics {
     /// Counts chunk bytes sent in `do_get` replies.
     pub fn record_do_get_bytes(&self, bytes: u64) {
         self.inner.served_do_get.inc_by(bytes);
+    }
+
+    /// Counts the body bytes of one `do_get` chunk reply sent with `encoding` (`raw` or
+    /// `zstd`).
+    pub fn record_do_get_body(&self, encoding: &'static str, bytes: u64) {
+        self.inner
+            .bodies
+            .get_or_create(&EncodingLabels { encoding })
+            .inc_by(bytes);
     }
 
     /// Counts chunk bytes handed out by `chunk_locate` (read by the client from the mapping).
@@ -234,6 +261,7 @@ mod tests {
         metrics.record_call("GetFlightInfo", "UNKNOWN");
         metrics.record_do_get_bytes(100);
         metrics.record_do_get_bytes(23);
+        metrics.record_do_get_body("zstd", 40);
         let out = text(&metrics);
         for line in [
             "# HELP tessera_grpc_calls_total Finished gRPC calls by Flight method and status code.\n",
@@ -243,6 +271,8 @@ mod tests {
             "# TYPE tessera_served_bytes_total counter\n",
             "tessera_served_bytes_total{path=\"do_get\"} 123\n",
             "tessera_served_bytes_total{path=\"located\"} 0\n",
+            "tessera_do_get_body_bytes_total{encoding=\"raw\"} 0\n",
+            "tessera_do_get_body_bytes_total{encoding=\"zstd\"} 40\n",
             "# HELP tessera_connections_total Client connections accepted.\n",
             "tessera_connections_total 0\n",
         ] {

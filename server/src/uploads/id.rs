@@ -50,6 +50,11 @@ pub fn is_upload_id(array_id: &str) -> bool {
             .is_some_and(|(_, rest)| rest.starts_with("@fields/"))
 }
 
+/// Whether `array_id` names a label set (`<array_id>/@labels/<name>`).
+pub fn is_label_set(array_id: &str) -> bool {
+    array_id.contains(LABELS_MARK)
+}
+
 /// The last segment of an upload's array id: its name.
 pub fn name_of(array_id: &str) -> &str {
     array_id.rsplit_once('/').map_or(array_id, |(_, name)| name)
@@ -191,6 +196,8 @@ mod tests {
             Some("img/@fields/x")
         );
         assert!(is_upload_id("img/@labels/cells"));
+        assert!(is_label_set("img/@fields/x/@labels/cells"));
+        assert!(!is_label_set("img/@fields/labels"));
         assert_eq!(name_of("img/@fields/x/@labels/cells"), "cells");
         let refused = |id: &str| parse_new(id).err().unwrap_or_default();
         assert!(refused("cache://img/@labels/cells").contains("a label set is NGFF"));

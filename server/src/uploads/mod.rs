@@ -41,7 +41,7 @@ use tessera_segments::EntryMeta;
 pub use batch::arrow_type;
 pub use data::ChunkData;
 pub use error::UploadError;
-pub use id::{SCRATCH_SOURCE_ID, is_upload_id};
+pub use id::{SCRATCH_SOURCE_ID, is_label_set, is_upload_id};
 pub use limits::{MAX_IN_FLIGHT_LIMIT, PUT_FRAMING_SLACK, PutPermit, UploadLimits};
 pub use manifest::Manifest;
 pub use record::{State, StoreFormat, UploadRecord};

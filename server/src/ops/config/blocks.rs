@@ -24,6 +24,7 @@ use super::{
 };
 use crate::chunks::{
     DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
+    DEFAULT_UPSTREAM_FETCHES, DEFAULT_WIRE_COMPRESSION_MEMORY, WireCompression,
 };
 use crate::grid::route::LoopbackPlans;
 use crate::grid::scaled::pyramid::PyramidPolicy;
@@ -181,7 +182,7 @@ impl UnreadRepliesValues {
 }
 
 settings_block! {
-    /// Chunks: the grids reads are planned on and how chunks are decoded.
+    /// Chunks: the grids reads are planned on, how chunks are decoded and how they are sent.
     #[command(next_help_heading = "Chunks")]
     pub struct Chunks => ChunksValues {
         /// Target chunk size below the 64MiB cap, e.g. 8MiB [default: 8MiB].
@@ -209,6 +210,15 @@ settings_block! {
         /// waits for its share, and one that alone needs more is refused [default: 512MiB].
         #[arg(long, env = "TESSERA_MAX_SCALED_DECODE_MEMORY", value_name = "SIZE")]
         max_scaled_decode_memory: Size = Size::bytes(DEFAULT_MAX_SCALED_DECODE_BYTES),
+        /// Zstd-compress the buffers of do_get replies: `auto` for peers not on loopback
+        /// (label sets always, pixels when a sample shrinks 1.25×), `zstd` for every peer,
+        /// `off` never [default: auto].
+        #[arg(long, env = "TESSERA_WIRE_COMPRESSION", value_enum)]
+        wire_compression: WireCompression = WireCompression::default(),
+        /// Memory the compressed bodies kept for replies may hold; the least recently used
+        /// are dropped past it [default: 256MiB].
+        #[arg(long, env = "TESSERA_WIRE_COMPRESSION_MEMORY", value_name = "SIZE")]
+        wire_compression_memory: Size = Size::bytes(DEFAULT_WIRE_COMPRESSION_MEMORY),
     }
 }
 
@@ -295,6 +305,11 @@ settings_block! {
         /// within it [default: 2s].
         #[arg(long, env = "TESSERA_UPSTREAM_POLL", value_name = "DURATION")]
         upstream_poll: Duration = Duration::of(DEFAULT_UPSTREAM_POLL),
+        /// Chunks of upstream tensor servers (`grpc://` sources) fetched at once, apart from
+        /// the decodes of local sources (one per core): a fetch waits on the link, not on a
+        /// core [default: 8].
+        #[arg(long, env = "TESSERA_UPSTREAM_FETCHES", value_name = "N")]
+        upstream_fetches: usize = DEFAULT_UPSTREAM_FETCHES,
         /// Time between listings of an object-store source (`s3://`; HEADs of an
         /// `https://` one): an object replaced or added gets new chunk ids, or is served,
         /// within it [default: 30s].
@@ -333,6 +348,11 @@ impl SourcesValues {
         if self.max_sources == 0 {
             return Err(ConfigError::Invalid(
                 "max_sources 0 would serve nothing; use at least 1".to_string(),
+            ));
+        }
+        if self.upstream_fetches == 0 {
+            return Err(ConfigError::Invalid(
+                "upstream_fetches 0 would fetch no upstream chunk; use at least 1".to_string(),
             ));
         }
         if self.max_open_sources == 0 {
@@ -749,6 +769,15 @@ mod tests {
                 "\"1MiB\"",
                 "\"3MiB\"",
                 "\"32MiB\"",
+            ),
+            (
+                None,
+                "wire_compression",
+                ["--wire-compression", "zstd"],
+                "\"off\"",
+                "\"zstd\"",
+                "\"off\"",
+                "\"auto\"",
             ),
             (
                 None,

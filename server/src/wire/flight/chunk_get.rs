@@ -14,7 +14,9 @@
 //! while h2 still queues it, so a peer that stops reading is seen and its connection closed.
 //! Every other call, and DoGet of a catalog or ROI ticket, goes to the tonic
 //! service unchanged. The bytes on the wire are exactly those tonic would send (pinned by
-//! the tests below against prost's encoding).
+//! the tests below against prost's encoding). A reply whose buffers `--wire-compression`
+//! compresses (docs/decisions/0039) takes the same route: its message is the compressed one,
+//! a body of its own kept in memory instead of a slice of the segment.
 //!
 //! ```text
 //!  client                    ChunkGet                           ServiceState
@@ -201,8 +203,8 @@ async fn dispatch(state: &ServiceState, limit: usize, request: http::Request<Bod
             return Dispatched::Answer(Status::from(refusal).into_http());
         }
     };
-    match state.read_path().encoded_chunk(&chunk_id, loopback).await {
-        Ok(chunk) => {
+    match state.read_path().wire_chunk(&chunk_id, loopback).await {
+        Ok((chunk, _encoding)) => {
             // Replies on connections of the accept loop are registered in the state's ledger
             // while the peer has not read them.
             let hold = connection
