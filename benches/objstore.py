@@ -55,10 +55,13 @@ sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE]
 _spec = importlib.util.spec_from_file_location("tessera_format_bench", HERE / "format_bench.py")
 fb = importlib.util.module_from_spec(_spec)  # what the format benchmarks share
 _spec.loader.exec_module(fb)
+_spec = importlib.util.spec_from_file_location("tessera_shaped_link", HERE / "shaped_link.py")
+shaped_link = importlib.util.module_from_spec(_spec)  # the namespace, the veth pair, tc
+_spec.loader.exec_module(shaped_link)
 bench = fb.bench  # run.py: workers, /proc readings, servers
 
 median, MiB, GiB, MODES = fb.median, fb.MiB, fb.GiB, fb.MODES
-LINK_MIB_S = 1e9 / 8 / MiB  # 1 Gbit/s in MiB/s
+LINK_MIB_S = shaped_link.GBIT_MIB_S  # 1 Gbit/s in MiB/s
 CHUNK = (1, 512, 512)
 LEVELS = 3
 BUCKET = "tessera-bench"
@@ -116,30 +119,16 @@ def write_image(path: pathlib.Path, stamp: pathlib.Path, shape) -> None:
 # --------------------------------------------------------------------------- the link
 
 
-def sh(*args, check=True):
-    return subprocess.run(list(args), check=check, capture_output=True, text=True)
-
-
 class Link:
     """The namespace, the veth pair, and moto's server in the namespace."""
 
     def __init__(self, log: pathlib.Path, delay_ms: float):
-        if os.geteuid() != 0:
-            raise SystemExit("needs root: a network namespace and tc qdiscs")
-        self.down()
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF)
-        sh("ip", "link", "set", NS_IF, "netns", NS)
-        sh("ip", "addr", "add", f"{HOST_IP}/30", "dev", HOST_IF)
-        sh("ip", "link", "set", HOST_IF, "up")
-        sh("ip", "-n", NS, "addr", "add", f"{NS_IP}/30", "dev", NS_IF)
-        sh("ip", "-n", NS, "link", "set", NS_IF, "up")
-        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        self.net = shaped_link.ShapedLink(NS, HOST_IF, NS_IF, HOST_IP, NS_IP)
         self.endpoint = f"http://{NS_IP}:{PORT}"
         self.log = open(log, "wb")
         self.moto = subprocess.Popen(
-            ["ip", "netns", "exec", NS, sys.executable, __file__, "--moto", json.dumps(
-                {"host": NS_IP, "port": PORT, "delay": delay_ms / 1000})],
+            self.net.in_namespace([sys.executable, __file__, "--moto", json.dumps(
+                {"host": NS_IP, "port": PORT, "delay": delay_ms / 1000})]),
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -154,14 +143,10 @@ class Link:
     def shape(self, rate="1gbit"):
         """A token bucket of `rate` on both ends' egress (this kernel has no netem: the
         delay is moto's, per request; see `moto_main`)."""
-        for prefix in ([], ["ip", "netns", "exec", NS]):
-            dev = NS_IF if prefix else HOST_IF
-            sh(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-               "burst", "256kb", "latency", "100ms")
+        self.net.shape(rate, burst="256kb", latency="100ms")
 
     def qdiscs(self) -> str:
-        return (sh("tc", "qdisc", "show", "dev", HOST_IF).stdout.strip() + " | "
-                + sh("ip", "netns", "exec", NS, "tc", "qdisc", "show", "dev", NS_IF).stdout.strip())
+        return self.net.qdiscs()
 
     def rtt_ms(self) -> float:
         """The median time of 10 small requests to moto over the link (a new connection each)."""
@@ -187,12 +172,7 @@ class Link:
             self.moto.kill()
             self.moto.wait(10)
         self.log.close()
-        self.down()
-
-    @staticmethod
-    def down():
-        sh("ip", "link", "del", HOST_IF, check=False)
-        sh("ip", "netns", "del", NS, check=False)
+        self.net.down()
 
 
 def s3_client(endpoint):
