@@ -168,8 +168,10 @@ def worker_main() -> None:
 class Worker:
     """The client process in the namespace."""
 
-    def __init__(self, link):
+    def __init__(self, link, threads=None):
         env = {**os.environ, "BIOPB_CACHEFILE_TRANSFER_DISABLED": "1"}
+        if threads:
+            env["DASK_NUM_WORKERS"] = str(threads)  # dask's threaded scheduler's pool
         self.proc = subprocess.Popen(
             link.in_namespace([sys.executable, __file__, "--worker"]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -276,18 +278,18 @@ def run(args) -> list:
     rows = []
     link = shaped_link.ShapedLink(NS, HOST_IF, NS_IF, HOST_IP, NS_IP)
     try:
-        worker = Worker(link)
+        worker = Worker(link, args.client_threads)
         try:
             for gbit in args.links:
                 rate, burst = LINKS[gbit]
-                link.shape(rate, burst=burst)
+                link.shape(rate, burst=burst, latency=args.tbf_latency)
                 print(f"link {rate}: {link.qdiscs()}", flush=True)
                 tcp = tcp_ceiling(worker, nbytes, args.reps)
                 rows.append({"link": gbit, "tensor": "plain TCP", "mode": "-", "cold": None,
                              "warm": {"wall": tcp["wall"], "cpu": tcp["cpu"], "server_cpu": 0.0, "sent": nbytes}})
                 servers = start_servers(args.bin, work, f"g{gbit}")
                 try:
-                    for tensor in TENSORS:
+                    for tensor in args.tensors:
                         cold = {mode: measured_read(worker, servers[mode], work, tensor) for mode in MODES}
                         warm = {mode: [] for mode in MODES}
                         for _ in range(args.reps):
@@ -340,7 +342,12 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--links", default="1,10", help="link rates in Gbit/s, of 1 and 10")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--tensors", default=",".join(TENSORS), help="of micro, noise, " + LABELS)
+    ap.add_argument("--client-threads", type=int, help="dask's thread pool in the client "
+                    "(concurrent do_gets; dask's default is the number of cores)")
+    ap.add_argument("--tbf-latency", default="100ms", help="the token bucket's queue, as time")
     args = ap.parse_args()
+    args.tensors = args.tensors.split(",")
     args.links = [int(x) for x in args.links.split(",")]
     work = pathlib.Path(args.work)
     for old in work.glob("g*-*-c*"):
