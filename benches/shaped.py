@@ -28,6 +28,9 @@ MiB/s of decoded tensor, the ratio to the link rate (1 Gbit/s = 119.2 MiB/s), th
 server sent (``tessera_do_get_body_bytes_total``), server CPU (``/proc/PID/stat``) and
 client CPU (``getrusage`` of the client process) per read. A plain TCP row (one Python
 socket connection from this namespace into the client's) gives each link's ceiling.
+With ``--pyarrow``, warm rows of pyarrow's own ``do_get(...).read_all()`` of the same chunks
+(2 threads, nothing assembled) beside biopb's: the link and the server without the client's
+handling.
 
 Needs root (netns, tc) and iproute2. The binary is whatever ``--bin`` names (the dev binary
 by default: a release binary compresses and decodes faster).
@@ -149,6 +152,8 @@ def worker_main() -> None:
             same = got.dtype == expected.dtype and got.shape == expected.shape and bool(np.array_equal(got, expected))
             del got
             out = {"wall": wall, "cpu": cpu, "same": same}
+        elif cmd["op"] == "flight":
+            out = flight_read(cmd["location"], cmd["id"], cmd["threads"])
         elif cmd["op"] == "tcp":
             sink = memoryview(bytearray(4 << 20))
             with socket.create_connection((HOST_IP, TCP_PORT)) as s:
@@ -163,6 +168,32 @@ def worker_main() -> None:
         else:
             out = {"error": f"unknown op {cmd['op']}"}
         print(json.dumps(out), flush=True)
+
+
+def flight_read(location, array_id, threads) -> dict:
+    """The tensor's chunks read with pyarrow's own `do_get(...).read_all()`, `threads` at a
+    time, nothing assembled: what the link and the server give without biopb's handling."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.flight as flight
+    from biopb.tensor import descriptor_pb2
+
+    client = flight.connect(location)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    read = descriptor_pb2.TensorReadOption(array_id=array_id)
+    read.fields.paths.append("endpoints")
+    request = descriptor_pb2.FlightRequest(tensor_read=read)
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(request.SerializeToString()), options)
+    tickets = [ep.ticket for ep in info.endpoints]
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        got = sum(pool.map(lambda t: client.do_get(t, options).read_all().nbytes, tickets))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    client.close()
+    return {"wall": wall, "cpu": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
+            "bytes": got, "same": True}
 
 
 class Worker:
@@ -236,10 +267,15 @@ def start_servers(binary, work: pathlib.Path, tag: str) -> dict:
     return servers
 
 
-def measured_read(worker, server, work, tensor) -> dict:
+def measured_read(worker, server, work, tensor, pyarrow_threads=0) -> dict:
+    """One whole read by biopb's client (or, with `pyarrow_threads`, pyarrow's do_get of
+    its chunks), with the server's CPU and bytes sent."""
     cpu0, sent0 = server_cpu(server.pid), body_bytes(server)
-    out = worker.ask(op="read", location=server.location, id=tensor,
-                     expect=str(expected_path(work, tensor)))
+    if pyarrow_threads:
+        out = worker.ask(op="flight", location=server.location, id=tensor, threads=pyarrow_threads)
+    else:
+        out = worker.ask(op="read", location=server.location, id=tensor,
+                         expect=str(expected_path(work, tensor)))
     out["server_cpu"] = server_cpu(server.pid) - cpu0
     out["sent"] = body_bytes(server) - sent0
     if not out["same"]:
@@ -301,6 +337,16 @@ def run(args) -> list:
                             rows.append({"link": gbit, "tensor": tensor, "mode": mode,
                                          "cold": cold[mode], "warm": med})
                             print(json.dumps(rows[-1]), flush=True)
+                        if args.pyarrow:
+                            warm = {mode: [] for mode in MODES}
+                            for _ in range(args.reps):
+                                for mode in MODES:
+                                    warm[mode].append(measured_read(worker, servers[mode], work, tensor, 2))
+                            for mode in MODES:
+                                med = {k: statistics.median(r[k] for r in warm[mode])
+                                       for k in ("wall", "cpu", "server_cpu", "sent")}
+                                rows.append({"link": gbit, "tensor": f"{tensor} (pyarrow do_get, 2 threads)",
+                                             "mode": mode, "cold": None, "warm": med})
                 finally:
                     for server in servers.values():
                         server.stop()
@@ -321,7 +367,7 @@ def table(rows, nbytes) -> str:
         w, c = r["warm"], r["cold"]
         rate = nbytes / MiB / w["wall"]
         line = (f"| {r['link']} Gbit/s | {r['tensor']} | {r['mode']} | {rate:.0f} ({rate / lm:.2f}×) "
-                f"| {w['wall']:.2f} s | {w['sent'] / MiB:.0f} MiB | {w['server_cpu']:.2f} s | {w['cpu']:.2f} s ")
+                f"| {w['wall']:.2f} s | {w['sent'] / MiB:.1f} MiB | {w['server_cpu']:.2f} s | {w['cpu']:.2f} s ")
         if c:
             crate = nbytes / MiB / c["wall"]
             line += (f"| {crate:.0f} ({crate / lm:.2f}×) | {c['wall']:.2f} s | {c['server_cpu']:.2f} s "
@@ -345,6 +391,8 @@ def main():
     ap.add_argument("--tensors", default=",".join(TENSORS), help="of micro, noise, " + LABELS)
     ap.add_argument("--client-threads", type=int, help="dask's thread pool in the client "
                     "(concurrent do_gets; dask's default is the number of cores)")
+    ap.add_argument("--pyarrow", action="store_true", help="also warm rows of pyarrow's own "
+                    "do_get of the same chunks, 2 threads, nothing assembled (the client's share)")
     ap.add_argument("--tbf-latency", default="100ms", help="the token bucket's queue, as time")
     args = ap.parse_args()
     args.tensors = args.tensors.split(",")
