@@ -32,6 +32,10 @@ With ``--pyarrow``, warm rows of pyarrow's own ``do_get(...).read_all()`` of the
 (2 threads, nothing assembled) beside biopb's: the link and the server without the client's
 handling.
 
+With ``--reference``, biopb's own server (benches/reference/setup.sh) on the same bytes of
+micro and noise (uncompressed zarr v2 on Tessera's 8 MiB grid), fresh per link: cold and
+warm rows beside Tessera's (no label set: it takes no upload of ours; no bytes counted).
+
 Needs root (netns, tc) and iproute2. The binary is whatever ``--bin`` names (the dev binary
 by default: a release binary compresses and decodes faster).
 
@@ -140,7 +144,7 @@ def worker_main() -> None:
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "read":
-            client = TensorFlightClient(cmd["location"], token=TOKEN, cache_bytes=0)
+            client = TensorFlightClient(cmd["location"], token=cmd.get("token", TOKEN), cache_bytes=0)
             tensor = client.get_tensor(cmd["id"])
             r0 = resource.getrusage(resource.RUSAGE_SELF)
             t0 = time.perf_counter()
@@ -152,6 +156,10 @@ def worker_main() -> None:
             same = got.dtype == expected.dtype and got.shape == expected.shape and bool(np.array_equal(got, expected))
             del got
             out = {"wall": wall, "cpu": cpu, "same": same}
+        elif cmd["op"] == "catalog":
+            client = TensorFlightClient(cmd["location"], token=TOKEN, cache_bytes=0)
+            rows = client.query("SELECT source_id, source_url FROM sources", format="records")
+            out = {"sources": [{"id": r["source_id"], "url": r["source_url"]} for r in rows]}
         elif cmd["op"] == "flight":
             out = flight_read(cmd["location"], cmd["id"], cmd["threads"])
         elif cmd["op"] == "tcp":
@@ -283,6 +291,51 @@ def measured_read(worker, server, work, tensor, pyarrow_threads=0) -> dict:
     return out
 
 
+def reference_rows(args, worker, work, gbit) -> list:
+    """biopb's own server (benches/reference) on the same bytes of micro and noise (zarr v2,
+    uncompressed, Tessera's 8 MiB grid), fresh for this link: its first read of each is the
+    cold one, then `--reps` warm reads. It compresses label replies only, and has no
+    `.npy` reader nor our label upload, so labels are not measured on it."""
+    sys.path.insert(0, str(HERE / "reference"))
+    import biopb_reference as ref
+
+    binary = ref.ensure_installed()
+    data = work / "reference-zarr"
+    data.mkdir(exist_ok=True)
+    names = [t for t in args.tensors if t != LABELS]
+    for name in names:
+        ref.write_zarr_v2(work / "src" / f"{name}.npy", data / f"{name}.zarr", 8 * MiB, work / "reference-state")
+    scratch, cache = work / f"g{gbit}-ref-scratch", work / f"g{gbit}-ref-cache"
+    server = ref.ReferenceServer(binary, data, scratch, cache, min_sources=len(names), host=HOST_IP,
+                                 token=TOKEN)
+    rows = []
+    try:
+        ids = {}
+        for src in worker.ask(op="catalog", location=server.location)["sources"]:
+            for name in names:
+                if (src["url"] or "").rstrip("/").endswith(f"/{name}.zarr"):
+                    ids[name] = src["id"]
+        for name in names:
+            def once():
+                cpu0 = server_cpu(server.proc.pid)
+                out = worker.ask(op="read", location=server.location, id=ids[name],
+                                 expect=str(expected_path(work, name)))
+                out["server_cpu"] = server_cpu(server.proc.pid) - cpu0
+                out["sent"] = float("nan")
+                if not out["same"]:
+                    raise RuntimeError(f"{name} from biopb's server differs from numpy")
+                return out
+            cold = once()
+            warm = [once() for _ in range(args.reps)]
+            med = {k: statistics.median(r[k] for r in warm) for k in ("wall", "cpu", "server_cpu")}
+            med["sent"] = float("nan")
+            rows.append({"link": gbit, "tensor": name, "mode": "biopb server", "cold": cold, "warm": med})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        server.stop()
+    return rows
+
+
 def tcp_ceiling(worker, nbytes, reps) -> dict:
     block = memoryview(os.urandom(4 << 20))
     walls, cpus = [], []
@@ -350,6 +403,8 @@ def run(args) -> list:
                 finally:
                     for server in servers.values():
                         server.stop()
+                if args.reference:
+                    rows.extend(reference_rows(args, worker, work, gbit))
         finally:
             worker.close()
     finally:
@@ -366,8 +421,9 @@ def table(rows, nbytes) -> str:
         lm = link_mib * r["link"]
         w, c = r["warm"], r["cold"]
         rate = nbytes / MiB / w["wall"]
+        sent = "-" if w["sent"] != w["sent"] else f"{w['sent'] / MiB:.1f} MiB"  # NaN: not counted
         line = (f"| {r['link']} Gbit/s | {r['tensor']} | {r['mode']} | {rate:.0f} ({rate / lm:.2f}×) "
-                f"| {w['wall']:.2f} s | {w['sent'] / MiB:.1f} MiB | {w['server_cpu']:.2f} s | {w['cpu']:.2f} s ")
+                f"| {w['wall']:.2f} s | {sent} | {w['server_cpu']:.2f} s | {w['cpu']:.2f} s ")
         if c:
             crate = nbytes / MiB / c["wall"]
             line += (f"| {crate:.0f} ({crate / lm:.2f}×) | {c['wall']:.2f} s | {c['server_cpu']:.2f} s "
@@ -393,6 +449,8 @@ def main():
                     "(concurrent do_gets; dask's default is the number of cores)")
     ap.add_argument("--pyarrow", action="store_true", help="also warm rows of pyarrow's own "
                     "do_get of the same chunks, 2 threads, nothing assembled (the client's share)")
+    ap.add_argument("--reference", action="store_true", help="also biopb's own server "
+                    "(benches/reference/setup.sh installs it) on the same bytes of micro and noise")
     ap.add_argument("--tbf-latency", default="100ms", help="the token bucket's queue, as time")
     args = ap.parse_args()
     args.tensors = args.tensors.split(",")
@@ -400,7 +458,7 @@ def main():
     work = pathlib.Path(args.work)
     for old in work.glob("g*-*-c*"):
         subprocess.run(["rm", "-rf", str(old)], check=True)
-    for old in work.glob("g*-*-state"):
+    for old in [*work.glob("g*-*-state"), *work.glob("g*-ref-scratch")]:
         subprocess.run(["rm", "-rf", str(old)], check=True)
     rows = run(args)
     nbytes = 2 * SHAPE[0] * SHAPE[1] * SHAPE[2]
