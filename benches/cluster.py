@@ -82,6 +82,8 @@ ANALYSIS = "### What limits it (hand-written"
 NS, HOST_IF, NS_IF = "tsrclus", "tsrch0", "tsrcn0"
 HOST_IP, NS_IP = "10.231.9.1", "10.231.9.2"
 ORIGIN_PORT, METRICS_PORT, TCP_PORT = 5065, 5066, 5067
+# The origin listens off loopback, so it needs a token; the node sends it upstream.
+TOKEN = "cluster-bench-token-0123456789"
 
 
 # --------------------------------------------------------------------------- the tensor
@@ -163,7 +165,8 @@ def driver_main(conf: dict) -> None:
             try:
                 before = sum(client.run(cpu).values())
                 t0 = time.perf_counter()
-                tensor = TensorFlightClient(job["location"], cache_bytes=0).get_tensor(job["id"])
+                client_of = TensorFlightClient(job["location"], cache_bytes=0, token=job.get("token"))
+                tensor = client_of.get_tensor(job["id"])
                 parts = [dask.delayed(fold)(b) for b in tensor.to_delayed().ravel()]
                 got = list(dask.compute(*parts))
                 answer["time"] = time.perf_counter() - t0
@@ -192,8 +195,8 @@ class Driver:
         if hello.get("workers") != WORKERS:
             raise RuntimeError(f"the dask cluster did not start: {hello}")
 
-    def read(self, location, array_id="vol"):
-        self.proc.stdin.write(json.dumps({"location": location, "id": array_id}) + "\n")
+    def read(self, location, array_id="vol", token=None):
+        self.proc.stdin.write(json.dumps({"location": location, "id": array_id, "token": token}) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline() or '{"error": "the driver ended"}')
         if "error" in answer or not answer.get("ok"):
@@ -256,13 +259,13 @@ def tcp_ceiling(link, nbytes, reps) -> dict:
 class Tessera(bench.ProcStats, bench.TesseraProcess):
     """`tessera serve` with its own empty cache and state directories."""
 
-    def __init__(self, binary, source, work, tag, extra=(), listen="127.0.0.1:0"):
+    def __init__(self, binary, source, work, tag, extra=(), listen="127.0.0.1:0", env=None):
         cache, state = work / f"{tag}-cache", work / f"{tag}-state"
         for d in (cache, state):
             subprocess.run(["rm", "-rf", str(d)], check=True)
         super().__init__(binary, [source, "--cache-dir", cache, "--cache-max-bytes", "16GiB",
                                   "--state-dir", state, "--http-listen", "127.0.0.1:0", *extra],
-                         start_timeout=120, listen=listen)
+                         start_timeout=120, listen=listen, env=env)
 
 
 def origin_wrapper(work, link, binary) -> pathlib.Path:
@@ -277,7 +280,9 @@ def origin_wrapper(work, link, binary) -> pathlib.Path:
 
 def origin_do_gets() -> int:
     """DoGet calls the origin answered OK, from its /metrics."""
-    text = urllib.request.urlopen(f"http://{NS_IP}:{METRICS_PORT}/metrics", timeout=10).read().decode()
+    req = urllib.request.Request(f"http://{NS_IP}:{METRICS_PORT}/metrics",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    text = urllib.request.urlopen(req, timeout=10).read().decode()
     total = 0
     for line in text.splitlines():
         if line.startswith("tessera_grpc_calls_total{") and 'method="DoGet"' in line and 'code="OK"' in line:
@@ -312,7 +317,7 @@ def one_read(driver, server, origin, location=None):
     s0 = server.cpu_seconds() if server else 0.0
     o0 = origin.cpu_seconds()
     d0 = origin_do_gets()
-    r = driver.read(location or server.location)
+    r = driver.read(location or server.location, token=TOKEN if location else None)
     return {"time": r["time"], "workers_cpu": r["workers_cpu"], "blocks": r["blocks"],
             "server_cpu": (server.cpu_seconds() - s0) if server else None,
             "origin_cpu": origin.cpu_seconds() - o0, "origin_do_gets": origin_do_gets() - d0}
@@ -323,7 +328,19 @@ def add_row(res, label, reads, nbytes, **extra):
     row = {"times": [r["time"] for r in reads], "bytes": nbytes, "server_cpu": pick("server_cpu"),
            "origin_cpu": pick("origin_cpu"), "client_cpu": pick("workers_cpu"),
            "origin_do_gets": [r["origin_do_gets"] for r in reads], "blocks": reads[0]["blocks"], **extra}
+    if "read_aheads" in reads[0]:
+        row["read_aheads"] = [r["read_aheads"] for r in reads]
     res.add(label, row)
+
+
+def stopped_state(pid, timeout=5.0):
+    """Waits until process `pid` is stopped (state T in /proc)."""
+    deadline = time.monotonic() + timeout
+    while pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} did not stop")
+        time.sleep(0.01)
+    time.sleep(0.1)  # its last tick accounted
 
 
 def node_rounds(args, driver, mode, origin, res, work, nbytes, fetches, outage):
@@ -332,16 +349,18 @@ def node_rounds(args, driver, mode, origin, res, work, nbytes, fetches, outage):
     p1, p2, stopped = [], [], []
     for i in range(args.reps):
         node = Tessera(args.bin, f"grpc://{NS_IP}:{ORIGIN_PORT}", work, "node",
-                       extra=("--upstream-fetches", str(fetches)))
+                       extra=("--upstream-fetches", str(fetches), *args.node_args.split()), env={"TESSERA_UPSTREAM_TOKEN": TOKEN})
         try:
             wait_for(node)
             l0 = locates(node)
             p1.append(one_read(driver, node, origin))
+            p1[-1]["read_aheads"] = bench.cache_stats(node.location).get("read_aheads", 0)
             p2.append(one_read(driver, node, origin))
             check_route(node, mode, l0, f"node {mode}")
             if outage and i == args.reps - 1:
                 os.kill(origin.pid, signal.SIGSTOP)
                 try:
+                    stopped_state(origin.pid)
                     o0, t0 = origin.cpu_seconds(), time.perf_counter()
                     for _ in range(args.reps):
                         s0 = node.cpu_seconds()
@@ -365,6 +384,32 @@ def node_rounds(args, driver, mode, origin, res, work, nbytes, fetches, outage):
         add_row(res, f"pass 2 {mode}, node, origin stopped", stopped, nbytes)
 
 
+def warm_rounds(args, origin, res, work, nbytes, fetches):
+    """Pass 1 by the Rust client instead of dask: `tessera warm NODE vol` (4 chunks at once,
+    every one through `chunk_locate`) on a fresh node, `--reps` rounds per fetches value."""
+    for f in fetches:
+        reads = []
+        for _ in range(args.reps):
+            node = Tessera(args.bin, f"grpc://{NS_IP}:{ORIGIN_PORT}", work, "node",
+                           extra=("--upstream-fetches", str(f), *args.node_args.split()),
+                           env={"TESSERA_UPSTREAM_TOKEN": TOKEN})
+            try:
+                wait_for(node)
+                s0, o0, d0 = node.cpu_seconds(), origin.cpu_seconds(), origin_do_gets()
+                c0 = os.times()
+                t0 = time.perf_counter()
+                subprocess.run([args.bin, "warm", node.location, "vol"], check=True, capture_output=True)
+                t = time.perf_counter() - t0
+                c1 = os.times()
+                reads.append({"time": t, "server_cpu": node.cpu_seconds() - s0,
+                              "origin_cpu": origin.cpu_seconds() - o0, "origin_do_gets": origin_do_gets() - d0,
+                              "workers_cpu": c1.children_user + c1.children_system
+                              - c0.children_user - c0.children_system, "blocks": None})
+            finally:
+                node.stop()
+        add_row(res, f"pass 1 by tessera warm, node ({f} upstream fetches)", reads, nbytes, link=True, fetches=f)
+
+
 def run(args, res, work, path, nbytes):
     link = shaped_link.ShapedLink(NS, HOST_IF, NS_IF, HOST_IP, NS_IP)
     origin = None
@@ -379,18 +424,20 @@ def run(args, res, work, path, nbytes):
         res.add("plain TCP, 1 connection", {"times": r["times"], "bytes": args.tcp_bytes, "link": True,
                                             "client_cpu": r["client_cpu"]})
         origin = Tessera(origin_wrapper(work, link, args.bin), path.parent, work, "origin",
-                         extra=("--metrics-listen", f"{NS_IP}:{METRICS_PORT}"), listen=f"{NS_IP}:{ORIGIN_PORT}")
+                         extra=("--metrics-listen", f"{NS_IP}:{METRICS_PORT}"), listen=f"{NS_IP}:{ORIGIN_PORT}",
+                         env={"TESSERA_TOKEN": TOKEN})
         fetches = [int(f) for f in args.fetches.split(",")]
-        for mode in MODES:
+        # The origin's first read fills its cache from the file: done before any row.
+        subprocess.run([args.bin, "warm", origin.location, "vol", "--token", TOKEN], check=True, capture_output=True)
+        print("pass 1 by `tessera warm` (no dask)", flush=True)
+        warm_rounds(args, origin, res, work, nbytes, fetches)
+        for mode in args.modes.split(","):
             print(f"{mode}: starting the dask cluster", flush=True)
             drivers[mode] = driver = Driver(mode, path, log)
             if mode == "doget":
                 print("  dask reading the origin directly", flush=True)
                 reads = [one_read(driver, None, origin, location=origin.location) for _ in range(args.reps)]
                 add_row(res, "dask, origin directly (do_get)", reads, nbytes, link=True)
-            else:
-                # The origin's first read decodes its cache from the file: done before any row.
-                driver.read(origin.location)
             print("  a local Tessera, warm", flush=True)
             local = Tessera(args.bin, path.parent, work, "local")
             try:
@@ -447,6 +494,11 @@ def goals(res) -> str:
                 extra = f" (plain TCP {mib_s(tcp) / LINK_MIB_S:.3f}×)" if tcp else ""
                 out.append(f"| pass 1, {mode}, `--upstream-fetches {f}` | {mib_s(p1) / LINK_MIB_S:.3f}× the link"
                            f"{extra} | ≥ 0.9× |")
+    for f in fetches:
+        w = rows.get(f"pass 1 by tessera warm, node ({f} upstream fetches)")
+        if w:
+            out.append(f"| pass 1 by `tessera warm` (Rust client, 4 at once, no dask), `--upstream-fetches {f}` | "
+                       f"{mib_s(w) / LINK_MIB_S:.3f}× the link | (≥ 0.9×) |")
     last = fetches[-1]
     for mode in MODES:
         p1 = rows.get(f"pass 1 {mode}, node ({last} upstream fetches)")
@@ -490,7 +542,9 @@ mmap route and do_get route (`BIOPB_CACHEFILE_TRANSFER_DISABLED=1`). Medians of 
 pass 1 on a fresh node (empty cache) each time, pass 2 right after on the same node. "× link" is
 the rate over 1 Gbit/s ({LINK_MIB_S:.1f} MiB/s); origin DoGets per read (from its `/metrics`);
 CPU per read (workers: the 4 dask processes together). Plain TCP: one Python socket connection
-through the same link, {i['tcp_bytes'] / MiB:.0f} MiB.
+through the same link, {i['tcp_bytes'] / MiB:.0f} MiB. "pass 1 by tessera warm": the Rust client
+instead of dask (`tessera warm NODE vol`, 4 chunks at once through `chunk_locate`), on a fresh
+node, timed as a process (its start and plan included; its CPU in the workers column).
 
 {goals(res)}
 
@@ -506,6 +560,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--fetches", default="2,8",
                     help="--upstream-fetches values of pass 1, the last one also pass 2 and the outage")
+    ap.add_argument("--modes", default=",".join(MODES), help="routes measured: mmap, doget")
+    ap.add_argument("--node-args", default="", help="more flags of the node's server")
     ap.add_argument("--tcp-bytes", type=int, default=512 * MiB)
     ap.add_argument("--work", default="/tmp/tessera-cluster-bench")
     ap.add_argument("--no-doc", action="store_true")

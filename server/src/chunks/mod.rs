@@ -36,6 +36,11 @@
 //! decoding) also queues background decodes of the next cells in that direction
 //! ([`readahead`]), through the same single flight and decode permits.
 //!
+//! Decode permits come from one of two pools ([`permits`]): as many as the cores for
+//! sources read on this machine, and `upstream_fetches` (8 by default) for sources whose
+//! reads wait on a network link (an upstream server's chunks), so a node-local cache keeps
+//! its link busy with more fetches in flight than it has cores.
+//!
 //! When an append fails (disk full, I/O error) the chunk is still served over
 //! `do_get` from memory, the failure is logged once, and appends pause for a doubling
 //! backoff before the next try ([`writes`]); a full disk also makes the store evict below
@@ -49,6 +54,7 @@ mod decodes;
 mod error;
 mod locate;
 mod memory;
+mod permits;
 mod plans;
 mod readahead;
 mod recut;
@@ -64,7 +70,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tessera_proto::json::CacheStats;
-use tokio::sync::Semaphore;
 
 use crate::grid::Region;
 use crate::grid::chunk_id::ChunkId;
@@ -81,6 +86,8 @@ pub use error::ChunkError;
 pub use locate::{LocateOutcome, Unlocatable};
 use memory::MemoryCache;
 pub use memory::MemoryStore;
+pub use permits::DEFAULT_UPSTREAM_FETCHES;
+use permits::Permits;
 use plans::RecentPlans;
 pub use store::{ChunkStore, SegmentFiles};
 use writes::Writes;
@@ -132,10 +139,11 @@ pub struct ChunkService {
     fallback: MemoryCache,
     decoding: Decodes<Result<Materialized, ChunkError>>,
     buffers: BufferPool,
-    decode_permits: Semaphore,
-    /// Turns of decodes ahead (read-ahead, plan ends): one fewer than the decode permits,
-    /// so a request always finds a permit no guess holds.
-    ahead_turns: Semaphore,
+    /// Decode permits and turns ahead: by the cores for local sources, more for sources
+    /// read over a link (`permits.rs`).
+    permits: Permits,
+    /// How many decodes of local sources run at once (the cores).
+    max_decodes: usize,
     read_ahead_bytes: u64,
     /// A source touched more recently than this is not decoded until it is older.
     settle_window: Duration,
@@ -167,8 +175,8 @@ impl ChunkService {
             fallback: MemoryCache::new(fallback_bytes),
             decoding: Decodes::default(),
             buffers: BufferPool::new(max_decodes),
-            decode_permits: Semaphore::new(max_decodes.max(1)),
-            ahead_turns: Semaphore::new(max_decodes.saturating_sub(1).max(1)),
+            permits: Permits::new(max_decodes, DEFAULT_UPSTREAM_FETCHES),
+            max_decodes,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
             settle_window: DEFAULT_SETTLE_WINDOW,
             queued_ahead: parking_lot::Mutex::new(HashSet::new()),
@@ -202,6 +210,14 @@ impl ChunkService {
     /// and one that alone needs more is refused UNAVAILABLE.
     pub fn with_scaled_decode_budget(mut self, bytes: u64) -> Self {
         self.scaled_budget = DecodeBudget::new(bytes);
+        self
+    }
+
+    /// Sets how many reads of sources that wait on a network link (an upstream server's
+    /// chunks, [`crate::source::Source::waits_on_link`]) run at once, apart from the decode
+    /// permits of local sources (default [`DEFAULT_UPSTREAM_FETCHES`]; at least one).
+    pub fn with_upstream_fetches(mut self, fetches: usize) -> Self {
+        self.permits = Permits::new(self.max_decodes, fetches);
         self
     }
 
@@ -406,7 +422,8 @@ impl ChunkService {
         tokio::spawn(async move {
             // The turn is waited for outside the single flight: a request for a chunk still
             // queued here decodes it at once, and this decode then finds it stored.
-            if let Ok(_turn) = service.ahead_turns.acquire().await
+            let pool = service.permits.of(tensor.source.waits_on_link());
+            if let Ok(_turn) = pool.ahead.acquire().await
                 && let Err(err) = service.materialize(&tensor, &id, &key).await
             {
                 tracing::debug!(array_id = id.array_id(), chunk = ?id.region(), error = %err, "decoding ahead failed; the chunk is decoded when requested");
@@ -445,7 +462,9 @@ impl ChunkService {
                         return Ok(Materialized::Stored);
                     }
                     let permit = service
-                        .decode_permits
+                        .permits
+                        .of(tensor.source.waits_on_link())
+                        .work
                         .acquire()
                         .await
                         .map_err(|_| ChunkError::ShuttingDown)?;

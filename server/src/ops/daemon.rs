@@ -222,6 +222,7 @@ impl Daemon {
         // The one handle everything records into and `/metrics` encodes.
         let metrics = Metrics::new();
         let service = ChunkService::new(store, settings.cache.memory_bytes(), decoders)
+            .with_upstream_fetches(sources.upstream_fetches)
             .with_read_ahead(chunks.read_ahead.get())
             .with_settle_window(chunks.settle_window.get())
             .with_scaled_decode_budget(chunks.max_scaled_decode_memory.get())

@@ -123,6 +123,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// Whether reading a region waits on a network link rather than on this machine's
+    /// CPU and disks (an upstream server's chunks): the chunk service then gives the read
+    /// a permit of its larger pool of fetches (`upstream_fetches`), so more reads are in
+    /// flight than there are cores (docs/decisions/0036).
+    fn waits_on_link(&self) -> bool {
+        false
+    }
+
     /// Reads the region `start..stop` (exclusive stop, per axis) into `out` in C order;
     /// `out` is exactly the region's bytes. Checks afterwards that the source is still the
     /// version it was opened at, so bytes of a changed source are never returned.

@@ -17,7 +17,7 @@ use crate::source::abstraction::{NativeLevel, Scaling};
 use crate::source::npy::Dtype;
 use crate::source::{Source, SourceError, SourceErrorKind};
 use crate::upstream::error::UpstreamError;
-use crate::upstream::link::{Described, Link, UpstreamChunk};
+use crate::upstream::link::{ChunkBytes, Described, Link, UpstreamChunk};
 
 /// Keys of the upstream's `metadata_json` this server writes itself for the local tensor.
 const OWN_KEYS: [&str; 7] = [
@@ -31,7 +31,7 @@ const OWN_KEYS: [&str; 7] = [
 ];
 
 /// The result of one fetch of an upstream chunk, shared by every reader that waited for it.
-type Fetched = Result<Arc<[u8]>, Arc<UpstreamError>>;
+type Fetched = Result<Arc<ChunkBytes>, Arc<UpstreamError>>;
 
 /// One upstream tensor.
 #[derive(Debug)]
@@ -219,7 +219,7 @@ impl UpstreamTensor {
                 self.link
                     .wait(async move { link.fetch(&id, ticket).await })
                     .unwrap_or_else(|| Err(self.link.stopping()))
-                    .map(Arc::from)
+                    .map(Arc::new)
                     .map_err(Arc::new)
             })
             .clone();
@@ -407,6 +407,10 @@ impl Source for UpstreamTensor {
         false
     }
 
+    fn waits_on_link(&self) -> bool {
+        true
+    }
+
     fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
         let target = Region::new(start.to_vec(), stop.to_vec());
         let itemsize = self.dtype.itemsize;
@@ -431,7 +435,8 @@ impl Source for UpstreamTensor {
             if part.is_empty() {
                 continue;
             }
-            let bytes = self.chunk(index).map_err(|e| e.to_source_error())?;
+            let fetched = self.chunk(index).map_err(|e| e.to_source_error())?;
+            let bytes = fetched.as_slice();
             let want = chunk
                 .region
                 .num_elements()
@@ -450,7 +455,7 @@ impl Source for UpstreamTensor {
                 }
                 .to_source_error());
             }
-            copy_part(&chunk.region, &bytes, &target, &part, itemsize, out);
+            copy_part(&chunk.region, bytes, &target, &part, itemsize, out);
         }
         Ok(())
     }

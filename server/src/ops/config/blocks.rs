@@ -24,7 +24,7 @@ use super::{
 };
 use crate::chunks::{
     DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
-    DEFAULT_WIRE_COMPRESSION_MEMORY, WireCompression,
+    DEFAULT_UPSTREAM_FETCHES, DEFAULT_WIRE_COMPRESSION_MEMORY, WireCompression,
 };
 use crate::grid::route::LoopbackPlans;
 use crate::grid::scaled::pyramid::PyramidPolicy;
@@ -295,6 +295,11 @@ settings_block! {
         /// within it [default: 2s].
         #[arg(long, env = "TESSERA_UPSTREAM_POLL", value_name = "DURATION")]
         upstream_poll: Duration = Duration::of(DEFAULT_UPSTREAM_POLL),
+        /// Chunks of upstream tensor servers (`grpc://` sources) fetched at once, apart from
+        /// the decodes of local sources (one per core): a fetch waits on the link, not on a
+        /// core [default: 8].
+        #[arg(long, env = "TESSERA_UPSTREAM_FETCHES", value_name = "N")]
+        upstream_fetches: usize = DEFAULT_UPSTREAM_FETCHES,
         /// Time between listings of an object-store source (`s3://`): an object replaced
         /// or added gets new chunk ids, or is served, within it [default: 30s].
         #[arg(long, env = "TESSERA_OBJECT_STORE_RESCAN", value_name = "DURATION")]
@@ -324,6 +329,11 @@ impl SourcesValues {
         if self.max_sources == 0 {
             return Err(ConfigError::Invalid(
                 "max_sources 0 would serve nothing; use at least 1".to_string(),
+            ));
+        }
+        if self.upstream_fetches == 0 {
+            return Err(ConfigError::Invalid(
+                "upstream_fetches 0 would fetch no upstream chunk; use at least 1".to_string(),
             ));
         }
         if self.max_open_sources == 0 {
