@@ -29,6 +29,11 @@ Usage (from the repository root)::
 use (benches/reference/setup.sh), writes w256 and w64 as uncompressed zarr v2 arrays next
 to the workloads, and measures that server with the same client workers: its rows sit
 beside Tessera's with the ratio Tessera / reference.
+
+Rows measured through a rate-limited link (network namespace, veth, tc tbf; needs root)
+live in their own scripts: benches/shaped.py (issue 33: DoGet at 1 and 10 Gbit/s,
+``--wire-compression off`` beside ``auto``, microscopy-like u16, noise, labels, warm and
+cold), benches/objstore.py and benches/cluster.py.
 """
 from __future__ import annotations
 

@@ -145,7 +145,8 @@ def _free_port() -> int:
 
 
 class ReferenceServer:
-    """A running `biopb-tensor-server serve` on 127.0.0.1 serving `data_dir`.
+    """A running `biopb-tensor-server serve` on `host` (127.0.0.1; another address needs
+    `token`) serving `data_dir`.
 
     `scratch` holds its config, log, catalog, uploads and BIOPB_* homes; `cache_dir`
     is its file cache (the segments its mmap fast path hands out). Both are made
@@ -156,7 +157,8 @@ class ReferenceServer:
     """
 
     def __init__(self, binary, data_dir, scratch, cache_dir, min_sources, start_timeout=180,
-                 web=False, sources=None, credentials=None, extra_env=None):
+                 web=False, sources=None, credentials=None, extra_env=None, host="127.0.0.1",
+                 token=None):
         self.scratch = pathlib.Path(scratch)
         self.cache_dir = pathlib.Path(cache_dir)
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -176,7 +178,7 @@ class ReferenceServer:
         self.config_path = self.scratch / "biopb.json"
         self.config_path.write_text(json.dumps(config, indent=2))
         port = _free_port()
-        self.location = f"grpc://127.0.0.1:{port}"
+        self.location = f"grpc://{host}:{port}"
         self.http_base = None
         command = ["serve"]
         if web:
@@ -190,9 +192,12 @@ class ReferenceServer:
         env.update(extra_env or {})
         env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         self._log = open(self.log_path, "w")
+        # A bind off loopback (benches/shaped.py) needs a token and the address to hand out.
+        self.token = token
+        public = ["--token", token, "--external-location", self.location] if token else []
         self.proc = subprocess.Popen(
-            [str(binary), *command, "--config", str(self.config_path), "--host", "127.0.0.1",
-             "--port", str(port)],
+            [str(binary), *command, "--config", str(self.config_path), "--host", host,
+             "--port", str(port), *public],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.started_at = time.monotonic()
         try:
@@ -219,7 +224,8 @@ class ReferenceServer:
 
         client = flight.FlightClient(self.location)
         try:
-            opts = flight.FlightCallOptions(timeout=timeout)
+            headers = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
+            opts = flight.FlightCallOptions(timeout=timeout, headers=headers)
             for r in client.do_action(flight.Action("health", b""), options=opts):
                 return json.loads(r.body.to_pybytes())
             return {}
