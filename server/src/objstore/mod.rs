@@ -50,8 +50,7 @@ use client::Client;
 pub use error::ObjectStoreError;
 use listing::Found;
 
-/// Default of `object_store_max_objects`: the most objects one listing takes in.
-pub const DEFAULT_MAX_OBJECTS: usize = 100_000;
+pub use crate::source::runtime::DEFAULT_MAX_OBJECTS;
 
 /// One object-store address served: its bucket's client and the listing's cap.
 #[derive(Debug)]

@@ -23,6 +23,9 @@ use crate::source::sources::Sources;
 
 /// Default most `.npy` files one `add_source` of a directory registers.
 pub const DEFAULT_MAX_FILES: usize = 10_000;
+/// Default of `object_store_max_objects`: the most objects one listing of an object-store
+/// prefix takes in (here, below the object stores, so runtime roots need not reach up).
+pub const DEFAULT_MAX_OBJECTS: usize = 100_000;
 
 /// Where runtime sources may come from.
 #[derive(Clone, Debug)]
@@ -45,7 +48,7 @@ impl Default for RuntimeRoots {
             roots: Vec::new(),
             object_stores: Vec::new(),
             max_files: DEFAULT_MAX_FILES,
-            max_objects: crate::objstore::DEFAULT_MAX_OBJECTS,
+            max_objects: DEFAULT_MAX_OBJECTS,
         }
     }
 }
