@@ -6,90 +6,34 @@ routes; a store the server does not have is refused by name while the rest serve
 address naming a folder (a web server cannot be listed) and plain HTTP off loopback are
 refused at start, by name; with nginx stopped, cached cells keep serving."""
 import os
-import shutil
-import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
-from biopb.tensor import TensorFlightClient
 from conftest import tessera_bin
+from nginx import NGINX, Nginx
 from prerequisites import require
 
 from test_object_store import biopb_client, npy_bytes, write_ome
 
 zarr = pytest.importorskip("zarr") if os.environ.get("CI") != "true" else __import__("zarr")
 
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 GRID = ("--chunk-target", "40KiB")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class WebServer:
-    """nginx in the foreground with its own prefix and logs, serving `root` as static files
-    on 127.0.0.1:PORT (its defaults: byte ranges, ETag and Last-Modified)."""
+class WebServer(Nginx):
+    """nginx serving `root` as static files on 127.0.0.1:PORT (its defaults: byte ranges,
+    ETag and Last-Modified)."""
 
     def __init__(self, prefix, root):
-        prefix.mkdir()
-        for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (prefix / temp).mkdir()
-        self.port = free_port()
-        self.error_log = prefix / "error.log"
-        # As root, workers would switch to `nobody`, who cannot enter pytest's tmp dirs.
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        conf = prefix / "nginx.conf"
-        conf.write_text(
-            f"""{user}daemon off;
-worker_processes 1;
-pid {prefix}/nginx.pid;
-error_log {self.error_log} info;
-events {{ worker_connections 256; }}
-http {{
-    access_log {prefix}/access.log;
+        super().__init__(prefix, lambda port: f"""    access_log {prefix}/access.log;
     default_type application/octet-stream;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen 127.0.0.1:{port};
         root {root};
     }}
-}}
-"""
-        )
-        self.proc = subprocess.Popen(
-            [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(self.error_log)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail("nginx did not start:\n" + self.error_log.read_text())
-                time.sleep(0.1)
+""")
         self.base = f"http://127.0.0.1:{self.port}"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture

@@ -8,63 +8,35 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
-import time
 
 import numpy as np
 import pyarrow.flight as flight
 import pytest
 from biopb.tensor import TensorFlightClient, descriptor_pb2
+from nginx import NGINX, Nginx
 from prerequisites import require
 
 from test_rois import ann
 
 TOKEN = "replica-token_0123456789"
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 SMALL_CHUNKS = ("--chunk-target", "8KiB", "--mapped-chunk-target", "8KiB")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Balancer:
-    """nginx in the foreground with its own prefix, temp dirs and logs, `grpc_pass`ing
-    h2c on 127.0.0.1:PORT to an upstream of `backends` (host:port)."""
+class Balancer(Nginx):
+    """nginx `grpc_pass`ing h2c on 127.0.0.1:PORT to an upstream of `backends` (host:port),
+    round robin, logging which backend answered each call."""
 
     def __init__(self, prefix, backends):
         require(os.path.exists(NGINX), f"needs nginx at {NGINX} (apt-get install nginx)")
-        prefix.mkdir()
-        for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (prefix / temp).mkdir()
-        self.port = free_port()
         self.access_log = prefix / "access.log"
-        self.error_log = prefix / "error.log"
         upstream = "".join(f"        server {b};\n" for b in backends)
-        # As root, workers would switch to `nobody`, who cannot enter pytest's tmp dirs.
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        conf = prefix / "nginx.conf"
-        conf.write_text(
-            f"""{user}daemon off;
-worker_processes 1;
-pid {prefix}/nginx.pid;
-error_log {self.error_log} info;
-events {{ worker_connections 512; }}
-http {{
-    log_format calls '$upstream_addr|$request_uri|$status';
+        super().__init__(prefix, lambda port: f"""    log_format calls '$upstream_addr|$request_uri|$status';
     access_log {self.access_log} calls;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
     upstream tessera {{
 {upstream}    }}
     server {{
-        listen 127.0.0.1:{self.port} http2;
+        listen 127.0.0.1:{port} http2;
         client_max_body_size 0;
         location / {{
             grpc_pass grpc://tessera;
@@ -72,24 +44,7 @@ http {{
             grpc_send_timeout 120s;
         }}
     }}
-}}
-"""
-        )
-        self.proc = subprocess.Popen(
-            [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(self.error_log)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail("nginx did not start:\n" + self.error_log.read_text())
-                time.sleep(0.1)
+""", worker_connections=512)
         self.location = f"grpc://127.0.0.1:{self.port}"
 
     def calls(self):
@@ -100,14 +55,6 @@ http {{
             out.append((upstreams.split(", ")[-1], uri.rsplit("/", 1)[-1]))
         return out
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
