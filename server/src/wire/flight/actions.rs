@@ -218,18 +218,11 @@ fn add_source(
             };
             tx.blocking_send(result(&progress)).is_ok()
         });
-        let done = AddSourceStreamMessage {
-            payload: Some(add_source_stream_message::Payload::Result(add_result(
-                report,
-            ))),
-        };
         // The client may have gone; what was registered stays registered.
-        let _ = tx.blocking_send(result(&done));
+        let _ = tx.blocking_send(finished(report));
         worker_state.catalog_tree();
     });
-    Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (Ok(item), rx))
-    })))
+    Ok(replies(rx))
 }
 
 /// Adds the object-store address `url` (under `add_source_store_roots`, checked at once):
@@ -271,17 +264,28 @@ fn add_object_store(
                 .into_iter()
                 .filter(|(id, _)| !refused_before.contains_key(id)),
         );
-        let done = AddSourceStreamMessage {
-            payload: Some(add_source_stream_message::Payload::Result(add_result(
-                report,
-            ))),
-        };
-        let _ = tx.blocking_send(result(&done));
+        let _ = tx.blocking_send(finished(report));
         worker_state.catalog_tree();
     });
-    Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+    Ok(replies(rx))
+}
+
+/// The last message of an `add_source` stream: what was added, removed and refused.
+fn finished(report: AddReport) -> arrow_flight::Result {
+    result(&AddSourceStreamMessage {
+        payload: Some(add_source_stream_message::Payload::Result(add_result(
+            report,
+        ))),
+    })
+}
+
+/// The action's reply stream: the messages a worker sends, until it drops its sender.
+fn replies(
+    rx: tokio::sync::mpsc::Receiver<arrow_flight::Result>,
+) -> BoxStream<arrow_flight::Result> {
+    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (Ok(item), rx))
-    })))
+    }))
 }
 
 fn add_result(report: AddReport) -> AddSourceResult {
