@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 use tessera_cli::remote::{self, Credentials};
-use tessera_cli::{errors, put, warm, writable};
+use tessera_cli::{errors, put, resident, warm, writable};
 use tessera_server::Daemon;
 use tessera_server::config::{LogFormat, ServeArgs, Settings};
 use tracing_subscriber::EnvFilter;
@@ -150,6 +150,27 @@ struct GetArgs {
     method: Option<String>,
 }
 
+/// Maps the binary's code and constants in the background (`resident_code`): the server
+/// answers meanwhile, and a failure is logged, never fatal.
+fn keep_code_resident() {
+    let spawned = std::thread::Builder::new()
+        .name("resident-code".to_string())
+        .spawn(|| match resident::keep_code_resident() {
+            Ok(done) => tracing::debug!(
+                mib = done.bytes >> 20,
+                ms = done.took.as_millis() as u64,
+                "the binary's code and constants are resident"
+            ),
+            Err(err) => tracing::warn!(
+                error = %errors::one_line(&anyhow::Error::new(err)),
+                "cannot keep the binary's code resident; rarely used calls may read it from disk"
+            ),
+        });
+    if let Err(err) = spawned {
+        tracing::warn!(error = %err, "cannot start the thread that keeps the binary's code resident");
+    }
+}
+
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour codes only where a person reads them: not in a file, a pipe or under NO_COLOR.
@@ -250,6 +271,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let daemon = Daemon::bind(&settings)
                 .await
                 .context("cannot start the server")?;
+            if settings.operations.resident_code {
+                keep_code_resident();
+            }
             daemon.run(stop).await.context("server failed")?;
         }
         Command::Get(args) => {
