@@ -1,23 +1,35 @@
 //! The address of an object-store source as an operator writes it where a path would go:
-//! `s3://BUCKET/PREFIX/` (every `.npy` object and Zarr array under the prefix),
-//! `s3://BUCKET/KEY.npy` (one object) or `s3://BUCKET/STORE.zarr` (one store); and, on a
-//! plain web server, `https://HOST/PATH/STORE.zarr` or `https://HOST/PATH/KEY.npy` (one
-//! store or one object only: a web server cannot be listed).
+//! `s3://BUCKET/PREFIX/`, `gs://BUCKET/PREFIX/` or `az://CONTAINER/PREFIX/` (every `.npy`
+//! object and Zarr array under the prefix), `…/KEY.npy` (one object) or `…/STORE.zarr` (one
+//! store); and, on a plain web server, `https://HOST/PATH/STORE.zarr` or
+//! `https://HOST/PATH/KEY.npy` (one store or one object only: a web server cannot be listed).
 //!
-//! `gs://` and `az://` are recognised, so they are refused by name rather than taken for
-//! local paths: this build reads S3, S3-compatible and HTTP(S) stores only.
+//! Azure's other spellings that name a container the same way (`azure://`, and fsspec's
+//! `abfs://`, `abfss://`) are read as `az://`; `gcs://` is recognised and refused by name
+//! (object_store, like `gsutil`, writes `gs://`).
+
+use std::ops::RangeInclusive;
 
 use crate::objstore::error::ObjectStoreError;
 
-/// The schemes served, then those recognised and refused.
-const SERVED: &str = "s3://";
-const WEB: [(&str, Scheme); 2] = [("https://", Scheme::Https), ("http://", Scheme::Http)];
-const RECOGNISED: [&str; 4] = ["gs://", "gcs://", "az://", "azure://"];
+/// The schemes served, each with how it is spoken to.
+const SCHEMES: [(&str, Scheme); 8] = [
+    ("s3://", Scheme::S3),
+    ("gs://", Scheme::Gcs),
+    ("az://", Scheme::Azure),
+    ("azure://", Scheme::Azure),
+    ("abfs://", Scheme::Azure),
+    ("abfss://", Scheme::Azure),
+    ("https://", Scheme::Https),
+    ("http://", Scheme::Http),
+];
+
+/// Schemes recognised and refused, so they are not taken for local paths.
+const RECOGNISED: [&str; 1] = ["gcs://"];
 
 /// Whether `text` is written as an object-store address rather than a path.
 pub fn is_object_store(text: &str) -> bool {
-    text.starts_with(SERVED)
-        || WEB.iter().any(|(s, _)| text.starts_with(s))
+    SCHEMES.iter().any(|(s, _)| text.starts_with(s))
         || RECOGNISED.iter().any(|s| text.starts_with(s))
 }
 
@@ -26,6 +38,12 @@ pub fn is_object_store(text: &str) -> bool {
 pub enum Scheme {
     /// S3 or an S3-compatible store: listed, signed when credentials are given.
     S3,
+    /// Google Cloud Storage (or an emulator a service-account file points at): listed,
+    /// signed when credentials are given.
+    Gcs,
+    /// Azure Blob Storage (or Azurite): a container listed, signed when credentials are
+    /// given.
+    Azure,
     /// A web server over TLS: one store or object, read anonymously, never listed.
     Https,
     /// A web server over plain HTTP: as [`Scheme::Https`], to a loopback host unless
@@ -34,12 +52,44 @@ pub enum Scheme {
 }
 
 impl Scheme {
-    /// `s3`, `https` or `http`.
+    /// `s3`, `gs`, `az`, `https` or `http`: how the catalog and `source_url` name the
+    /// store, whichever spelling the address used.
     pub fn name(self) -> &'static str {
         match self {
             Scheme::S3 => "s3",
+            Scheme::Gcs => "gs",
+            Scheme::Azure => "az",
             Scheme::Https => "https",
             Scheme::Http => "http",
+        }
+    }
+
+    /// Whether the store is a cloud's, listed under a prefix (not a web server's).
+    pub fn is_listed(self) -> bool {
+        matches!(self, Scheme::S3 | Scheme::Gcs | Scheme::Azure)
+    }
+
+    /// The cloud's rule for a bucket's (container's) name: its lengths, the bytes it may
+    /// hold beside lowercase letters and digits, and the rule in words. `None` for a web
+    /// server (a host and port).
+    fn bucket_rule(self) -> Option<(RangeInclusive<usize>, &'static [u8], &'static str)> {
+        match self {
+            Scheme::S3 => Some((
+                3..=63,
+                b"-.",
+                "its bucket name must be 3 to 63 lowercase letters, digits, '-' or '.'",
+            )),
+            Scheme::Gcs => Some((
+                3..=222,
+                b"-_.",
+                "its bucket name must be 3 to 222 lowercase letters, digits, '-', '_' or '.'",
+            )),
+            Scheme::Azure => Some((
+                3..=63,
+                b"-",
+                "its container name must be 3 to 63 lowercase letters, digits or '-'",
+            )),
+            Scheme::Https | Scheme::Http => None,
         }
     }
 }
@@ -51,7 +101,7 @@ pub struct StoreAddress {
     pub url: String,
     /// How the store is spoken to.
     pub scheme: Scheme,
-    /// The bucket; a web server's host and port.
+    /// The bucket (an Azure container); a web server's host and port.
     pub bucket: String,
     /// The key prefix listed: empty (the whole bucket) or ending in `/`; or, when
     /// [`StoreAddress::object`] is set, that object's key.
@@ -68,29 +118,21 @@ impl StoreAddress {
             url: text.to_string(),
             why: why.to_string(),
         };
-        let web = WEB
+        let Some((rest, scheme)) = SCHEMES
             .iter()
-            .find_map(|(prefix, scheme)| Some((text.strip_prefix(prefix)?, *scheme)));
-        let (rest, scheme) = match (text.strip_prefix(SERVED), web) {
-            (Some(rest), _) => (rest, Scheme::S3),
-            (None, Some(web)) => web,
-            (None, None) => {
-                return Err(bad(
-                    "this build reads s3:// (and S3-compatible) and http(s):// stores only; \
-                     gs:// and az:// are not served yet (docs/guides/object-stores.md)",
-                ));
-            }
+            .find_map(|(prefix, scheme)| Some((text.strip_prefix(prefix)?, *scheme)))
+        else {
+            return Err(bad(
+                "this build reads s3:// (and S3-compatible), gs://, az:// and http(s):// \
+                 stores; write a Google Cloud Storage bucket as gs://BUCKET/ \
+                 (docs/guides/object-stores.md)",
+            ));
         };
         let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        if scheme == Scheme::S3 {
-            let bucket_ok = (3..=63).contains(&bucket.len())
-                && bucket.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
-                });
-            if !bucket_ok {
-                return Err(bad(
-                    "its bucket name must be 3 to 63 lowercase letters, digits, '-' or '.'",
-                ));
+        if let Some((lengths, allowed, rule)) = scheme.bucket_rule() {
+            let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || allowed.contains(&b);
+            if !lengths.contains(&bucket.len()) || !bucket.bytes().all(ok) {
+                return Err(bad(rule));
             }
         } else if bucket.is_empty() || bucket.contains('@') {
             return Err(bad(
@@ -108,7 +150,7 @@ impl StoreAddress {
             return Err(bad("its key has an empty, '.' or '..' segment"));
         }
         let object = !key.ends_with('/') && trimmed.to_ascii_lowercase().ends_with(".npy");
-        if scheme != Scheme::S3 && !object && !trimmed.to_ascii_lowercase().ends_with(".zarr") {
+        if !scheme.is_listed() && !object && !trimmed.to_ascii_lowercase().ends_with(".zarr") {
             return Err(bad(
                 "a web server cannot be listed, so an http(s):// address must name one Zarr \
                  store (ending in '.zarr') or one '.npy' object, not a folder",
@@ -128,15 +170,15 @@ impl StoreAddress {
         })
     }
 
-    /// `s3://BUCKET` (`https://HOST:PORT`), as the catalog tree and `source_url` name the
-    /// store.
+    /// `s3://BUCKET`, `gs://BUCKET`, `az://CONTAINER` (`https://HOST:PORT`), as the catalog
+    /// tree and `source_url` name the store.
     pub fn base(&self) -> String {
         format!("{}://{}", self.scheme.name(), self.bucket)
     }
 
     /// Whether the address is a web server's (read without listing).
     pub fn is_web(&self) -> bool {
-        self.scheme != Scheme::S3
+        !self.scheme.is_listed()
     }
 
     /// Whether the host is this machine's loopback (`localhost`, `127.0.0.0/8`, `[::1]`),
@@ -206,7 +248,13 @@ mod tests {
             "s3://Lab/x",
             "s3://lab/a//b",
             "s3://lab/../b",
-            "gs://lab/x",
+            "gcs://lab/x",
+            "gs://ab/x",
+            "gs://Lab/x",
+            "az://ab/x",
+            "az://lab.data/x",
+            "az://lab_data/x",
+            "abfs://fs@acct.dfs.core.windows.net/x",
             "https://h/data/",
             "https://h/data/x.tif",
             "https://user:pw@h/x.zarr",
@@ -215,11 +263,25 @@ mod tests {
         ] {
             assert!(StoreAddress::parse(bad).is_err(), "{bad}");
         }
-        let refused = StoreAddress::parse("az://c/x").unwrap_err().to_string();
+        let refused = StoreAddress::parse("gcs://lab/x").unwrap_err().to_string();
         assert!(
-            refused.contains("az://c/x") && refused.contains("s3://"),
+            refused.contains("gcs://lab/x") && refused.contains("gs://BUCKET/"),
             "{refused}"
         );
+
+        let gs = StoreAddress::parse("gs://lab_data.eu/plates/").unwrap();
+        assert_eq!(
+            (gs.scheme, gs.bucket.as_str()),
+            (Scheme::Gcs, "lab_data.eu")
+        );
+        assert_eq!(gs.url_of("plates/a.npy"), "gs://lab_data.eu/plates/a.npy");
+        assert!(!gs.is_web());
+        for spelling in ["az", "azure", "abfs", "abfss"] {
+            let az = StoreAddress::parse(&format!("{spelling}://imaging/exp")).unwrap();
+            assert_eq!((az.scheme, az.prefix.as_str()), (Scheme::Azure, "exp/"));
+            assert_eq!(az.base(), "az://imaging", "{spelling}");
+        }
+        assert!(StoreAddress::parse("az://imaging/x/a.npy").unwrap().object);
         let folder = StoreAddress::parse("http://127.0.0.1:8/d/").unwrap_err();
         assert!(folder.to_string().contains("cannot be listed"), "{folder}");
 
@@ -249,6 +311,7 @@ mod tests {
                 .is_loopback()
         );
         assert!(is_object_store("gs://b/x") && is_object_store("s3://b"));
+        assert!(is_object_store("gcs://b/x") && is_object_store("abfss://c/x"));
         assert!(!is_object_store("/data/s3://x") && !is_object_store("grpc://h:1"));
     }
 }

@@ -1,5 +1,6 @@
-//! The client of one bucket: object_store's S3 client set up from the standard AWS
-//! environment variables (or its HTTP client for a web server's store), its requests bounded in number (`LimitStore`) and retried with
+//! The client of one bucket: object_store's S3, GCS or Azure client set up from the
+//! cloud's standard environment variables (cloud.rs), or its HTTP client for a web
+//! server's store, its requests bounded in number (`LimitStore`) and retried with
 //! backoff on server errors and throttling (`RetryConfig`), and blocking wrappers the
 //! sources call from the chunk service's blocking threads.
 
@@ -10,7 +11,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::limit::LimitStore;
 use object_store::path::Path as ObjectPath;
@@ -20,6 +20,7 @@ use object_store::{
 };
 
 use crate::objstore::address::{Scheme, StoreAddress};
+use crate::objstore::cloud;
 use crate::objstore::error::ObjectStoreError;
 
 /// Requests one bucket's client has in flight at most (listing, heads and range reads of
@@ -45,14 +46,6 @@ fn retry() -> RetryConfig {
         retry_timeout: Duration::from_secs(15),
     }
 }
-
-/// The environment variables that give the client credentials (anonymous without them).
-const CREDENTIAL_VARS: [&str; 4] = [
-    "AWS_ACCESS_KEY_ID",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-];
 
 /// What one listing found.
 #[derive(Debug)]
@@ -82,11 +75,11 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// The client of `address`'s bucket, set up from the `AWS_*` environment variables
-    /// (credentials, region, endpoint, plain HTTP); anonymous when none gives credentials.
-    /// A web server's (`https://`, `http://`) is anonymous; plain HTTP is refused unless
-    /// its host is loopback or `allow_http`. Dials nothing yet; must be called on the
-    /// runtime that will run its requests.
+    /// The client of `address`'s bucket, set up from its cloud's environment variables
+    /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`: credentials, region, endpoint, plain HTTP);
+    /// anonymous when none gives credentials. A web server's (`https://`, `http://`) is
+    /// anonymous; plain HTTP is refused unless its host is loopback or `allow_http`. Dials
+    /// nothing yet; must be called on the runtime that will run its requests.
     pub fn new(address: StoreAddress, allow_http: bool) -> Result<Client, ObjectStoreError> {
         let options = ClientOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
@@ -94,34 +87,14 @@ impl Client {
         if address.is_web() {
             return Self::web(address, options, allow_http);
         }
-        let mut builder = AmazonS3Builder::new()
-            .with_client_options(options)
-            .with_retry(retry());
-        for (key, value) in std::env::vars_os() {
-            let (Some(key), Some(value)) = (key.to_str(), value.to_str()) else {
-                continue;
-            };
-            if let Some(config) = key
-                .starts_with("AWS_")
-                .then(|| key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>().ok())
-                .flatten()
-            {
-                builder = builder.with_config(config, value);
-            }
-        }
-        let anonymous = !CREDENTIAL_VARS
-            .iter()
-            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-        let builder = builder
-            .with_bucket_name(&address.bucket)
-            .with_skip_signature(anonymous);
-        let s3 = builder.build().map_err(|e| ObjectStoreError::Setup {
-            url: address.url.clone(),
-            why: e.to_string(),
-        })?;
+        let (store, anonymous) =
+            cloud::store(&address, options, retry()).map_err(|e| ObjectStoreError::Setup {
+                url: address.url.clone(),
+                why: e.to_string(),
+            })?;
         Ok(Client {
             address,
-            store: Arc::new(LimitStore::new(s3, MAX_REQUESTS)),
+            store: Arc::new(LimitStore::new(store, MAX_REQUESTS)),
             runtime: tokio::runtime::Handle::current(),
             anonymous,
         })

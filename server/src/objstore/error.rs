@@ -26,7 +26,7 @@ pub enum ObjectStoreError {
     /// retries.
     #[error("object store {store} is unreachable ({url}): {answer}")]
     Unreachable {
-        /// `s3://BUCKET`.
+        /// `s3://BUCKET` (`gs://BUCKET`, `az://CONTAINER`, `https://HOST`).
         store: String,
         /// What was asked for.
         url: String,
@@ -82,7 +82,8 @@ pub enum ObjectStoreError {
 }
 
 impl ObjectStoreError {
-    /// The error of a call `what` on `url` of store `store` (`s3://BUCKET`) that got `err`.
+    /// The error of a call `what` on `url` of store `store` (`s3://BUCKET`, `gs://BUCKET`,
+    /// `az://CONTAINER`) that got `err`.
     pub fn of_store(
         store: &str,
         what: &'static str,

@@ -1,5 +1,5 @@
-//! Sources in object stores: `tessera serve s3://BUCKET/PREFIX/` serves the `.npy` objects
-//! and Zarr arrays under the prefix, read with range requests through the segment cache;
+//! Sources in object stores: `tessera serve s3://BUCKET/PREFIX/` (`gs://BUCKET/PREFIX/`,
+//! `az://CONTAINER/PREFIX/`) serves the `.npy` objects and Zarr arrays under the prefix, read with range requests through the segment cache;
 //! `tessera serve https://HOST/PATH/STORE.zarr` (or `.npy`) one store or object of a web
 //! server, which cannot be listed: its metadata documents are looked at instead
 //! (docs/guides/object-stores.md, docs/decisions/0037).
@@ -15,8 +15,9 @@
 //!                                   ZarrObject: zarrs on zarrs_object_store, per chunk
 //! ```
 //!
-//! The S3 client is object_store's (client.rs; its HTTP client for a web server): credentials, region and endpoint from the
-//! standard `AWS_*` variables, anonymous without credentials, at most
+//! The clients are object_store's (client.rs; cloud.rs builds the three clouds' one way;
+//! its HTTP client for a web server): credentials, region and endpoint from each cloud's
+//! standard variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), anonymous without credentials, at most
 //! [`client::MAX_REQUESTS`] requests in flight per bucket, retried with backoff on 5xx and
 //! throttling. The chunk service's single flight and cache keep each cell crossing the
 //! link once; a store that cannot be reached leaves what is served alone (cached cells
@@ -24,6 +25,7 @@
 
 pub mod address;
 pub mod client;
+mod cloud;
 pub mod error;
 pub mod listing;
 pub mod npy;

@@ -1,18 +1,21 @@
-//! `add_source` of an object-store address (`s3://BUCKET/PREFIX/`, `…/KEY.npy`,
-//! `…/STORE.zarr`): allowed only under a prefix of `add_source_store_roots`, then listed
+//! `add_source` of an object-store address (`s3://BUCKET/PREFIX/`, `gs://…`, `az://…`;
+//! `…/KEY.npy`, `…/STORE.zarr`): allowed only under a prefix of `add_source_store_roots`
+//! of the same cloud, then listed
 //! and served as a configured address is, once per call (an address added again is listed
 //! again: changed objects reopened, gone ones removed). Not followed by rescans.
 
 use crate::objstore::Bucket;
-use crate::objstore::address::{Scheme, StoreAddress};
+use crate::objstore::address::StoreAddress;
 use crate::source::runtime::{RuntimeError, RuntimeRoots};
 
-/// Refuses an `add_source_store_roots` entry that is not an `s3://` prefix.
+/// Refuses an `add_source_store_roots` entry that is not a cloud's prefix (`s3://`,
+/// `gs://`, `az://`).
 pub fn check_root(root: &str) -> Result<StoreAddress, String> {
     let address = StoreAddress::parse(root).map_err(|e| format!("'{root}': {e}"))?;
-    if address.scheme != Scheme::S3 || address.object {
+    if !address.scheme.is_listed() || address.object {
         return Err(format!(
-            "'{root}' must be an s3:// prefix (s3://BUCKET/ or s3://BUCKET/PREFIX/)"
+            "'{root}' must be an s3://, gs:// or az:// prefix (s3://BUCKET/ or \
+             s3://BUCKET/PREFIX/)"
         ));
     }
     Ok(address)
@@ -42,7 +45,7 @@ pub fn plan_add(config: &RuntimeRoots, url: &str) -> Result<Bucket, RuntimeError
         .iter()
         .filter_map(|root| check_root(root).ok())
         .any(|root| {
-            address.scheme == Scheme::S3
+            address.scheme == root.scheme
                 && root.bucket == address.bucket
                 && address.prefix.starts_with(&root.prefix)
         });
@@ -60,10 +63,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn roots_are_s3_prefixes() {
+    fn roots_are_cloud_prefixes() {
         assert!(check_root("s3://lab/exp/").is_ok());
         assert!(check_root("s3://lab").is_ok());
+        assert!(check_root("gs://lab/exp/").is_ok());
+        assert!(check_root("azure://lab/exp/").is_ok());
         assert!(check_root("s3://lab/a.npy").is_err());
+        assert!(check_root("az://lab/a.npy").is_err());
         assert!(check_root("https://h/x.zarr").is_err());
     }
 }

@@ -244,7 +244,8 @@ pub struct Settings {
     /// The upstream tensor servers served (`grpc://host:port[/SOURCE]` among the paths).
     #[serde(skip)]
     pub upstreams: Vec<String>,
-    /// The object-store sources served (`s3://BUCKET/PREFIX` among the paths).
+    /// The object-store sources served (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`,
+    /// `https://…` among the paths).
     #[serde(skip)]
     pub object_stores: Vec<String>,
 }

@@ -721,7 +721,8 @@ async fn follow_upstream(
     }
 }
 
-/// The object-store sources of `settings` (`s3://`, `https://` among the paths).
+/// The object-store sources of `settings` (`s3://`, `gs://`, `az://`, `https://` among the
+/// paths).
 fn open_buckets(settings: &Settings) -> Result<Vec<Arc<Bucket>>, DaemonError> {
     let cap = settings.sources.object_store_max_objects;
     let allow_http = settings.sources.object_store_allow_http;

@@ -30,9 +30,9 @@ pub enum Origin {
         base: String,
     },
     /// An object or Zarr store in an object store (`objstore/`), its path its url
-    /// (`s3://BUCKET/KEY`).
+    /// (`s3://BUCKET/KEY`, `gs://BUCKET/KEY`, `az://CONTAINER/KEY`, `https://HOST/PATH`).
     ObjectStore {
-        /// The store, `s3://BUCKET`.
+        /// The store, `s3://BUCKET` (`gs://BUCKET`, `az://CONTAINER`, `https://HOST`).
         base: String,
     },
 }

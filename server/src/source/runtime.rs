@@ -33,8 +33,8 @@ pub struct RuntimeRoots {
     /// Directories under which paths may be added; empty (and no object-store prefix):
     /// adding is refused.
     pub roots: Vec<PathBuf>,
-    /// Object-store prefixes (`s3://BUCKET/PREFIX/`) under which addresses may be added
-    /// (`objstore::runtime`).
+    /// Object-store prefixes (`s3://BUCKET/PREFIX/`, `gs://…`, `az://…`) under which
+    /// addresses of the same cloud may be added (`objstore::runtime`).
     pub object_stores: Vec<String>,
     /// Most `.npy` files one directory may hold to be added (the large-scan threshold).
     pub max_files: usize,

@@ -269,14 +269,14 @@ settings_block! {
             value_name = "DIR"
         )]
         add_source_roots: Vec<PathBuf> = Vec::new(),
-        /// An object-store prefix (`s3://BUCKET/PREFIX/`) under which clients may add
-        /// object-store sources at runtime (`add_source` of an `s3://` address); repeat for
-        /// several; none: refused [env: comma-separated list].
+        /// An object-store prefix (`s3://BUCKET/PREFIX/`, `gs://…`, `az://…`) under which
+        /// clients may add object-store sources of the same cloud at runtime (`add_source`);
+        /// repeat for several; none: refused [env: comma-separated list].
         #[arg(
             long = "add-source-store-root",
             env = "TESSERA_ADD_SOURCE_STORE_ROOTS",
             value_delimiter = ',',
-            value_name = "S3_PREFIX"
+            value_name = "STORE_PREFIX"
         )]
         add_source_store_roots: Vec<String> = Vec::new(),
         /// Most .npy files one `add_source` of a directory registers [default: 10000].
@@ -310,8 +310,8 @@ settings_block! {
         /// core [default: 8].
         #[arg(long, env = "TESSERA_UPSTREAM_FETCHES", value_name = "N")]
         upstream_fetches: usize = DEFAULT_UPSTREAM_FETCHES,
-        /// Time between listings of an object-store source (`s3://`; HEADs of an
-        /// `https://` one): an object replaced or added gets new chunk ids, or is served,
+        /// Time between listings of an object-store source (`s3://`, `gs://`, `az://`;
+        /// HEADs of an `https://` one): an object replaced or added gets new chunk ids, or is served,
         /// within it [default: 30s].
         #[arg(long, env = "TESSERA_OBJECT_STORE_RESCAN", value_name = "DURATION")]
         object_store_rescan: Duration = Duration::of(DEFAULT_OBJECT_STORE_RESCAN),
