@@ -23,7 +23,7 @@ from biopb.tensor import TensorFlightClient
 from prerequisites import require
 
 TOKEN = "rate-token_0123456789abcdef"
-LABELS = "seg_cells/@labels/cells"
+LABELS = "image/@labels/cells"
 
 #: The client's side: reads each tensor named on the command line with biopb's client over
 #: DoGet and prints whether its bytes equal the .npy file given with it.
@@ -83,8 +83,8 @@ def veth():
 @pytest.fixture
 def data(tmp_path):
     """`pixels` (u16 cells under Poisson noise, 16 MiB), `seg_cells` (a u16 label image:
-    discs of ids on 0), `seg_prob` (f32, named by the label pattern but not integer), and the
-    label set to upload."""
+    discs of ids on 0), `seg_prob` (f32, named by the label pattern but not integer),
+    `image` (one plane of pixels) and the file of its label set, to upload."""
     d = tmp_path / "data"
     d.mkdir()
     rng = np.random.default_rng(41)
@@ -97,6 +97,7 @@ def data(tmp_path):
     np.save(d / "pixels.npy", pixels)
     np.save(d / "seg_cells.npy", seg)
     np.save(d / "seg_prob.npy", prob)
+    np.save(d / "image.npy", pixels[0])
     np.save(tmp_path / "labels.npy", seg[0].astype("<u4"))
     return d, tmp_path / "labels.npy"
 
