@@ -471,10 +471,10 @@ impl WireBodies {
         }
         let (compressed, compressing, decoding) = compress_timed(&raw, &self.schema)?;
         // Label sets pack far faster than pixels: only pixels' throughputs judge pixels.
-        if kind == TensorKind::Pixels {
-            if let Ok(mut speeds) = self.speeds.lock() {
-                speeds.note(raw.body.len(), compressing, decoding);
-            }
+        if kind == TensorKind::Pixels
+            && let Ok(mut speeds) = self.speeds.lock()
+        {
+            speeds.note(raw.body.len(), compressing, decoding);
         }
         if self.mode == WireCompression::Auto && compressed.len() >= raw.len() {
             self.keep(key, Kept::Declined);

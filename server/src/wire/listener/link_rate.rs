@@ -125,10 +125,10 @@ impl LinkRate {
             }
             state.last_read = Some(now);
         }
-        if let Some(info) = sys::tcp_delivery(socket) {
-            if let Some(rate) = self.note(info) {
-                self.rates.remember(peer, rate);
-            }
+        if let Some(info) = sys::tcp_delivery(socket)
+            && let Some(rate) = self.note(info)
+        {
+            self.rates.remember(peer, rate);
         }
     }
 
