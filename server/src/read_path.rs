@@ -203,11 +203,23 @@ impl<'a> ReadPath<'a> {
             let key = chunk_id.to_vec();
             let fallback = raw.clone();
             let rate = link.delivery_rate;
-            let replied =
-                tokio::task::spawn_blocking(move || wire.reply(&key, kind, raw, rate)).await;
+            let replied = {
+                let wire = Arc::clone(&wire);
+                tokio::task::spawn_blocking(move || {
+                    let reply = wire.reply(&key, kind, raw.clone(), rate);
+                    (reply, key, raw)
+                })
+                .await
+            };
             match replied {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(err)) => {
+                Ok((Ok((chunk, encoding, later)), key, raw)) => {
+                    if later {
+                        // Compressed after this reply, for the next (one at a time).
+                        tokio::task::spawn_blocking(move || wire.compress_later(&key, kind, raw));
+                    }
+                    (chunk, encoding)
+                }
+                Ok((Err(err), _, _)) => {
                     tracing::error!(error = %err, "a chunk reply is sent raw: its zstd body failed");
                     (fallback, BodyEncoding::Raw)
                 }

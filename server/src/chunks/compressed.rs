@@ -32,6 +32,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -361,6 +362,8 @@ pub struct WireBodies {
     held: Mutex<Held>,
     speeds: Mutex<Speeds>,
     labels: LabelTensors,
+    /// A [`WireBodies::compress_later`] is running.
+    later: AtomicBool,
 }
 
 impl std::fmt::Debug for WireBodies {
@@ -391,6 +394,7 @@ impl WireBodies {
             }),
             speeds: Mutex::new(Speeds::default()),
             labels: LabelTensors::default(),
+            later: AtomicBool::new(false),
         }
     }
 
@@ -418,20 +422,21 @@ impl WireBodies {
     /// The reply body for `raw`, the chunk `chunk_id` names, of a tensor of `kind`, to a
     /// peer [`Self::may_compress`] allowed whose connection delivers `delivery_rate` bytes
     /// per second (if measured): the kept compressed body, or one compressed now, or the
-    /// raw chunk when the rule declines. Compresses on the calling thread (call it on the
-    /// blocking pool).
+    /// raw chunk when the rule declines; `true` third when a kept body would pay on this
+    /// link though compressing it now does not ([`Self::compress_later`]). Compresses on
+    /// the calling thread (call it on the blocking pool).
     pub fn reply(
         &self,
         chunk_id: &[u8],
         kind: TensorKind,
         raw: EncodedChunk,
         delivery_rate: Option<f64>,
-    ) -> Result<(EncodedChunk, BodyEncoding), CompressError> {
+    ) -> Result<(EncodedChunk, BodyEncoding, bool), CompressError> {
         let key = BodyKey(chunk_id.to_vec(), crc32c::crc32c(&raw.body));
         let judged = self.mode == WireCompression::Auto && kind == TensorKind::Pixels;
         let speeds = self.speeds();
         let sampled = match self.lookup(&key) {
-            Some(Kept::Declined) => return Ok((raw, BodyEncoding::Raw)),
+            Some(Kept::Declined) => return Ok((raw, BodyEncoding::Raw, false)),
             Some(Kept::Compressed(chunk, ratio)) => {
                 let costs = Costs {
                     ratio,
@@ -439,9 +444,9 @@ impl WireBodies {
                     decode_rate: speeds.decode.unwrap_or(f64::INFINITY),
                 };
                 return Ok(if !judged || pays(delivery_rate, costs) {
-                    (chunk, BodyEncoding::Zstd)
+                    (chunk, BodyEncoding::Zstd, false)
                 } else {
-                    (raw, BodyEncoding::Raw)
+                    (raw, BodyEncoding::Raw, false)
                 });
             }
             Some(Kept::Sampled(sampled)) => Some(sampled),
@@ -451,7 +456,7 @@ impl WireBodies {
             let sampled = sampled.unwrap_or_else(|| sample(&raw.body));
             if sampled.ratio < MIN_RATIO {
                 self.keep(key, Kept::Declined);
-                return Ok((raw, BodyEncoding::Raw));
+                return Ok((raw, BodyEncoding::Raw, false));
             }
             let costs = Costs {
                 ratio: sampled.ratio,
@@ -466,9 +471,48 @@ impl WireBodies {
             };
             if !pays(delivery_rate, costs) {
                 self.keep(key, Kept::Sampled(sampled));
-                return Ok((raw, BodyEncoding::Raw));
+                // Not now, but a kept body would pay on this link: compress it after this
+                // reply, for the next.
+                let later = pays(
+                    delivery_rate,
+                    Costs {
+                        compress_rate: None,
+                        ..costs
+                    },
+                );
+                return Ok((raw, BodyEncoding::Raw, later));
             }
         }
+        let (chunk, encoding) = self.compress_and_keep(key, kind, raw)?;
+        Ok((chunk, encoding, false))
+    }
+
+    /// Compresses a chunk [`Self::reply`] sent raw but asked to be compressed later, and
+    /// keeps its body for the next reply; one at a time (another asked meanwhile is left for
+    /// a later reply to ask again), so the server spends at most one blocking thread on it.
+    pub fn compress_later(&self, chunk_id: &[u8], kind: TensorKind, raw: EncodedChunk) {
+        if self
+            .later
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let key = BodyKey(chunk_id.to_vec(), crc32c::crc32c(&raw.body));
+        if let Err(err) = self.compress_and_keep(key, kind, raw) {
+            tracing::warn!(error = %err, "compressing a chunk for later replies failed; it is sent raw");
+        }
+        self.later.store(false, Ordering::Release);
+    }
+
+    /// Compresses `raw`, notes the throughputs (pixels only) and keeps the body (or the
+    /// verdict, under `auto`, when it is no smaller).
+    fn compress_and_keep(
+        &self,
+        key: BodyKey,
+        kind: TensorKind,
+        raw: EncodedChunk,
+    ) -> Result<(EncodedChunk, BodyEncoding), CompressError> {
         let (compressed, compressing, decoding) = compress_timed(&raw, &self.schema)?;
         // Label sets pack far faster than pixels: only pixels' throughputs judge pixels.
         if kind == TensorKind::Pixels
@@ -685,28 +729,28 @@ mod tests {
         assert!(!WireBodies::new(WireCompression::Off, 1 << 20).may_compress(false));
         assert!(WireBodies::new(WireCompression::Zstd, 1 << 20).may_compress(true));
         let slow = Some(1e6);
-        let (_, enc) = auto
+        let (_, enc, _) = auto
             .reply(b"a", TensorKind::Pixels, raw_chunk(&noise(1 << 20)), slow)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
-        let (_, enc) = auto
+        let (_, enc, _) = auto
             .reply(b"b", TensorKind::Pixels, raw_chunk(&labels(1 << 20)), slow)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         // Labels go compressed whatever the link, measured or not.
         for rate in [None, Some(1e13)] {
-            let (_, enc) = auto
+            let (_, enc, _) = auto
                 .reply(b"c", TensorKind::Labels, raw_chunk(&labels(1 << 20)), rate)
                 .unwrap();
             assert_eq!(enc, BodyEncoding::Zstd);
         }
         // Labels whose bytes do not shrink at all stay raw under auto, not under zstd.
-        let (_, enc) = auto
+        let (_, enc, _) = auto
             .reply(b"d", TensorKind::Labels, raw_chunk(&noise(1 << 16)), slow)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         let zstd = WireBodies::new(WireCompression::Zstd, 64 << 20);
-        let (_, enc) = zstd
+        let (_, enc, _) = zstd
             .reply(b"d", TensorKind::Pixels, raw_chunk(&noise(1 << 16)), None)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
@@ -717,7 +761,7 @@ mod tests {
         let bodies = WireBodies::new(WireCompression::Zstd, 48 << 10);
         for i in 0..40u8 {
             let data = noise(8 << 10);
-            let (chunk, _) = bodies
+            let (chunk, _, _) = bodies
                 .reply(&[i], TensorKind::Pixels, raw_chunk(&data), None)
                 .unwrap();
             assert!(bodies.held_bytes() <= 48 << 10, "{}", bodies.held_bytes());
@@ -726,11 +770,11 @@ mod tests {
         assert!(bodies.held_bytes() > 32 << 10);
         // The same chunk id with other raw bytes is another entry: never the old body.
         let first = labels(8 << 10);
-        let (a, _) = bodies
+        let (a, _, _) = bodies
             .reply(b"same", TensorKind::Labels, raw_chunk(&first), None)
             .unwrap();
         let other = noise(8 << 10);
-        let (b, _) = bodies
+        let (b, _, _) = bodies
             .reply(b"same", TensorKind::Labels, raw_chunk(&other), None)
             .unwrap();
         assert_ne!(a.body, b.body);
@@ -743,7 +787,7 @@ mod tests {
         assert!(values.value(0) == other.as_slice());
         // One body larger than the whole budget is served, not kept.
         let small = WireBodies::new(WireCompression::Zstd, 1024);
-        let (_, enc) = small
+        let (_, enc, _) = small
             .reply(b"big", TensorKind::Pixels, raw_chunk(&noise(8 << 10)), None)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
@@ -801,29 +845,29 @@ mod tests {
         let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
         let data = labels(1 << 20);
         // No measurement: raw, and the sample is remembered (no body kept).
-        let (_, enc) = auto
+        let (_, enc, _) = auto
             .reply(b"p", TensorKind::Pixels, raw_chunk(&data), None)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         assert_eq!(auto.held_bytes(), b"p".len() as u64 + 64);
         // A fast link: still raw.
-        let (_, enc) = auto
+        let (_, enc, _) = auto
             .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         // A slow one: compressed and kept.
-        let (slow, enc) = auto
+        let (slow, enc, _) = auto
             .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e6))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         assert!(auto.held_bytes() > 64);
         // The kept body goes to the next slow peer, never to a fast one.
-        let (again, enc) = auto
+        let (again, enc, _) = auto
             .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(2e6))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         assert_eq!(again.body, slow.body);
-        let (raw, enc) = auto
+        let (raw, enc, _) = auto
             .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
@@ -837,5 +881,48 @@ mod tests {
         assert!(packed.compress_rate > 0.0 && packed.decode_rate > 0.0);
         let noisy = sample(&noise(1 << 20));
         assert!(noisy.ratio < MIN_RATIO, "{noisy:?}");
+    }
+
+    #[test]
+    fn a_chunk_too_slow_to_compress_now_is_compressed_for_the_next_reply() {
+        let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
+        // Injected measurements: compressing at 1 MB/s, decoding at 1 TB/s.
+        *auto.speeds.lock().unwrap() = Speeds {
+            compress: Some(1e6),
+            decode: Some(1e12),
+        };
+        let data = labels(1 << 20);
+        let link = Some(5e6);
+        let (_, enc, later) = auto
+            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), link)
+            .unwrap();
+        assert_eq!((enc, later), (BodyEncoding::Raw, true));
+        // A fast link asks for nothing later.
+        let (_, _, later) = auto
+            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .unwrap();
+        assert!(!later);
+        auto.compress_later(b"q", TensorKind::Pixels, raw_chunk(&data));
+        let (chunk, enc, later) = auto
+            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), link)
+            .unwrap();
+        assert_eq!((enc, later), (BodyEncoding::Zstd, false));
+        let batch = batch_of(&chunk, &schema()).unwrap();
+        let values = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .unwrap();
+        assert!(values.value(0) == data.as_slice());
+        // While one runs, another is not started.
+        auto.later.store(true, Ordering::Release);
+        auto.compress_later(b"r", TensorKind::Pixels, raw_chunk(&noise(1 << 16)));
+        assert!(
+            auto.lookup(&BodyKey(
+                b"r".to_vec(),
+                crc32c::crc32c(&raw_chunk(&noise(1 << 16)).body)
+            ))
+            .is_none()
+        );
     }
 }
