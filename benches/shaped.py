@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Shaped-link rows of issue 33 (wire compression, docs/decisions/0039): whole tensors read
 over DoGet by the unmodified biopb 0.13.0 client through a rate-limited link, Tessera
-`--wire-compression off` beside `--wire-compression auto`, one run.
+`--wire-compression off` beside `auto` and `zstd`, one run.
 
 The link: benches/shaped_link.py, a network namespace joined to this one by a veth pair,
 each end's egress a token bucket (``tbf rate 1gbit``, then ``10gbit``); no delay (this
 kernel has no netem). The servers listen on this namespace's end of the pair; the client
 runs in the other namespace (``ip netns exec``), so its source address is not loopback and
-``auto`` compresses for it. The client: ``TensorFlightClient(server, cache_bytes=0)
+``auto`` judges it by its measured delivery rate. The ``lo`` "link" is loopback: servers
+on 127.0.0.1 and the client in this namespace (``auto`` never compresses for it). The client: ``TensorFlightClient(server, cache_bytes=0)
 .get_tensor(id).compute()`` with ``BIOPB_CACHEFILE_TRANSFER_DISABLED=1`` (the do_get
 route), every read compared with numpy's bytes (outside the timing).
 
@@ -20,7 +21,7 @@ The tensors (~256 MiB each, written once into ``--work`` and reused):
   elsewhere), uploaded through the biopb client (``setup_array_upload``/``upload_array``)
   into each server.
 
-For each link rate, two fresh servers (one per mode, side by side, each with an empty cache
+For each link rate, three fresh servers (one per mode, side by side, each with an empty cache
 and state directory): per tensor, the cold read (the first read of a fresh server: the
 source decoded into the cache and, under ``auto``, every chunk compressed on its first
 reply), then ``--reps`` warm reads alternating the servers (median). Per row: wall time,
@@ -74,10 +75,11 @@ def _load(name, file):
 MiB = 1 << 20
 NS, HOST_IF, NS_IF = "tsrshape", "tsrsh0", "tsrsn0"
 HOST_IP, NS_IP = "10.231.11.1", "10.231.11.2"
-PORTS = {"off": 5071, "auto": 5072}
-METRICS = {"off": 5073, "auto": 5074}
+PORTS = {"off": 5071, "auto": 5072, "zstd": 5076}
+METRICS = {"off": 5073, "auto": 5074, "zstd": 5077}
 TCP_PORT = 5075
-MODES = ("off", "auto")
+MODES = ("off", "auto", "zstd")
+LOOPBACK = "lo"
 TOKEN = "shaped-bench-token_0123456789abcdef"
 LABELS = "micro/@labels/cells"
 TENSORS = ("micro", "noise", LABELS)
@@ -164,7 +166,7 @@ def worker_main() -> None:
             out = flight_read(cmd["location"], cmd["id"], cmd["threads"])
         elif cmd["op"] == "tcp":
             sink = memoryview(bytearray(4 << 20))
-            with socket.create_connection((HOST_IP, TCP_PORT)) as s:
+            with socket.create_connection((cmd["host"], TCP_PORT)) as s:
                 got = s.recv_into(sink)
                 t0, c0 = time.perf_counter(), time.process_time()
                 while got < cmd["bytes"]:
@@ -208,11 +210,13 @@ class Worker:
     """The client process in the namespace."""
 
     def __init__(self, link, threads=None):
+        """In `link`'s namespace; in this one when `link` is None."""
         env = {**os.environ, "BIOPB_CACHEFILE_TRANSFER_DISABLED": "1"}
         if threads:
             env["DASK_NUM_WORKERS"] = str(threads)  # dask's threaded scheduler's pool
+        argv = [sys.executable, __file__, "--worker"]
         self.proc = subprocess.Popen(
-            link.in_namespace([sys.executable, __file__, "--worker"]),
+            link.in_namespace(argv) if link else argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def ask(self, **cmd) -> dict:
@@ -245,9 +249,9 @@ def body_bytes(server) -> int:
                if line.startswith("tessera_do_get_body_bytes_total{"))
 
 
-def start_servers(binary, work: pathlib.Path, tag: str) -> dict:
-    """One fresh server per mode, on this namespace's end of the pair, each with the label
-    set uploaded (from this namespace, unshaped)."""
+def start_servers(binary, work: pathlib.Path, tag: str, host: str) -> dict:
+    """One fresh server per mode, on `host` (this namespace's end of the pair, or
+    loopback), each with the label set uploaded (from this namespace, unshaped)."""
     import numpy as np
     from biopb.tensor import TensorFlightClient
     from tessera_launcher import TesseraProcess
@@ -260,7 +264,7 @@ def start_servers(binary, work: pathlib.Path, tag: str) -> dict:
              "--wire-compression", mode, "--metrics-listen", f"127.0.0.1:{METRICS[mode]}",
              "--http-listen", "off"],
             env={"TESSERA_STATE_DIR": str(work / f"{tag}-{mode}-state"), "TESSERA_TOKEN": TOKEN},
-            listen=f"{HOST_IP}:{PORTS[mode]}",
+            listen=f"{host}:{PORTS[mode]}",
         )
         server.metrics = f"127.0.0.1:{METRICS[mode]}"
         servers[mode] = server
@@ -336,13 +340,13 @@ def reference_rows(args, worker, work, gbit) -> list:
     return rows
 
 
-def tcp_ceiling(worker, nbytes, reps) -> dict:
+def tcp_ceiling(worker, nbytes, reps, host) -> dict:
     block = memoryview(os.urandom(4 << 20))
     walls, cpus = [], []
-    with socket.create_server((HOST_IP, TCP_PORT)) as lsock:
+    with socket.create_server((host, TCP_PORT)) as lsock:
         for _ in range(reps):
             answer = {}
-            t = threading.Thread(target=lambda: answer.update(worker.ask(op="tcp", bytes=nbytes)))
+            t = threading.Thread(target=lambda: answer.update(worker.ask(op="tcp", bytes=nbytes, host=host)))
             t.start()
             conn, _ = lsock.accept()
             left = nbytes
@@ -367,16 +371,22 @@ def run(args) -> list:
     rows = []
     link = shaped_link.ShapedLink(NS, HOST_IF, NS_IF, HOST_IP, NS_IP)
     try:
-        worker = Worker(link, args.client_threads)
+        shaped_worker = Worker(link, args.client_threads)
+        local_worker = Worker(None, args.client_threads) if LOOPBACK in args.links else None
         try:
             for gbit in args.links:
-                rate, burst = LINKS[gbit]
-                link.shape(rate, burst=burst, latency=args.tbf_latency)
-                print(f"link {rate}: {link.qdiscs()}", flush=True)
-                tcp = tcp_ceiling(worker, nbytes, args.reps)
+                if gbit == LOOPBACK:
+                    worker, host = local_worker, "127.0.0.1"
+                    print("link: loopback", flush=True)
+                else:
+                    worker, host = shaped_worker, HOST_IP
+                    rate, burst = LINKS[gbit]
+                    link.shape(rate, burst=burst, latency=args.tbf_latency)
+                    print(f"link {rate}: {link.qdiscs()}", flush=True)
+                tcp = tcp_ceiling(worker, nbytes, args.reps, host)
                 rows.append({"link": gbit, "tensor": "plain TCP", "mode": "-", "cold": None,
                              "warm": {"wall": tcp["wall"], "cpu": tcp["cpu"], "server_cpu": 0.0, "sent": nbytes}})
-                servers = start_servers(args.bin, work, f"g{gbit}")
+                servers = start_servers(args.bin, work, f"g{gbit}", host)
                 try:
                     for tensor in args.tensors:
                         cold = {mode: measured_read(worker, servers[mode], work, tensor) for mode in MODES}
@@ -403,10 +413,12 @@ def run(args) -> list:
                 finally:
                     for server in servers.values():
                         server.stop()
-                if args.reference:
+                if args.reference and gbit != LOOPBACK:
                     rows.extend(reference_rows(args, worker, work, gbit))
         finally:
-            worker.close()
+            shaped_worker.close()
+            if local_worker:
+                local_worker.close()
     finally:
         link.down()
     return rows
@@ -417,16 +429,20 @@ def table(rows, nbytes) -> str:
     out = ["| link | tensor | Tessera | warm MiB/s (× link) | warm wall | sent / read | server CPU | client CPU "
            "| cold MiB/s (× link) | cold wall | cold server CPU | cold client CPU |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def times(rate, lm):
+        return f"{rate:.0f}" if lm is None else f"{rate:.0f} ({rate / lm:.2f}×)"
+
     for r in rows:
-        lm = link_mib * r["link"]
+        lm = None if r["link"] == LOOPBACK else link_mib * r["link"]
+        name = "loopback" if lm is None else f"{r['link']} Gbit/s"
         w, c = r["warm"], r["cold"]
         rate = nbytes / MiB / w["wall"]
         sent = "-" if w["sent"] != w["sent"] else f"{w['sent'] / MiB:.1f} MiB"  # NaN: not counted
-        line = (f"| {r['link']} Gbit/s | {r['tensor']} | {r['mode']} | {rate:.0f} ({rate / lm:.2f}×) "
+        line = (f"| {name} | {r['tensor']} | {r['mode']} | {times(rate, lm)} "
                 f"| {w['wall']:.2f} s | {sent} | {w['server_cpu']:.2f} s | {w['cpu']:.2f} s ")
         if c:
             crate = nbytes / MiB / c["wall"]
-            line += (f"| {crate:.0f} ({crate / lm:.2f}×) | {c['wall']:.2f} s | {c['server_cpu']:.2f} s "
+            line += (f"| {times(crate, lm)} | {c['wall']:.2f} s | {c['server_cpu']:.2f} s "
                      f"| {c['cpu']:.2f} s |")
         else:
             line += "| | | | |"
@@ -442,7 +458,7 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "target" / "debug" / "tessera"))
     ap.add_argument("--work", default="/tmp/tessera-shaped-bench", help="tensors and caches (kept between runs)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--links", default="1,10", help="link rates in Gbit/s, of 1 and 10")
+    ap.add_argument("--links", default="1,10,lo", help="link rates in Gbit/s, of 1 and 10, and lo (loopback)")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--tensors", default=",".join(TENSORS), help="of micro, noise, " + LABELS)
     ap.add_argument("--client-threads", type=int, help="dask's thread pool in the client "
@@ -454,7 +470,7 @@ def main():
     ap.add_argument("--tbf-latency", default="100ms", help="the token bucket's queue, as time")
     args = ap.parse_args()
     args.tensors = args.tensors.split(",")
-    args.links = [int(x) for x in args.links.split(",")]
+    args.links = [x if x == LOOPBACK else int(x) for x in args.links.split(",")]
     work = pathlib.Path(args.work)
     for old in work.glob("g*-*-c*"):
         subprocess.run(["rm", "-rf", str(old)], check=True)

@@ -37,6 +37,7 @@ mod rois;
 mod source;
 mod state;
 mod state_dir;
+mod sys;
 mod unread;
 mod uploads;
 mod upstream;

@@ -19,12 +19,13 @@
 use std::sync::Arc;
 
 use crate::chunks::{
-    BodyEncoding, ChunkService, EncodedChunk, LocateOutcome, TensorKind, Unlocatable,
+    BodyEncoding, ChunkService, EncodedChunk, LocateOutcome, PeerLink, TensorKind, Unlocatable,
 };
 use crate::error::{Fault, RequestError, ServiceError, ServiceResult};
 use crate::grid::chunk_id::ChunkId;
 use crate::grid::route::{Route, RoutePlanner};
 use crate::metrics::Metrics;
+use crate::source::npy::Kind;
 use crate::source::registry::Tensor;
 use crate::source::sources::{LookupError, Sources};
 use crate::source::{HeldLocation, SourceError};
@@ -178,27 +179,47 @@ impl<'a> ReadPath<'a> {
 
     /// The `do_get` reply of the chunk a ticket names: its IPC message as stored, or with
     /// its buffers zstd-compressed when `--wire-compression`'s rule says so for this peer
-    /// and tensor (docs/decisions/0039). A chunk whose compression fails is sent raw.
+    /// (its address and measured delivery rate) and tensor (docs/decisions/0039). A chunk
+    /// whose compression fails is sent raw.
     pub async fn wire_chunk(
         &self,
         chunk_id: &[u8],
-        loopback: bool,
+        link: PeerLink,
     ) -> ServiceResult<(EncodedChunk, BodyEncoding)> {
         let (tensor, id) = self.chunk(chunk_id)?;
-        let kind = if is_label_set(id.array_id()) {
+        let wire = Arc::clone(self.chunks.wire_bodies());
+        // Label sets, and integer tensors the operator names as labels.
+        let labels = is_label_set(id.array_id())
+            || (matches!(tensor.source.dtype().kind, Kind::Int | Kind::UInt)
+                && wire.label_tensors().names(id.array_id()));
+        let kind = if labels {
             TensorKind::Labels
         } else {
             TensorKind::Pixels
         };
+        let loopback = link.loopback;
         let raw = self.encoded(tensor, id, loopback).await?;
-        let wire = Arc::clone(self.chunks.wire_bodies());
         let (chunk, encoding) = if wire.may_compress(loopback) {
             let key = chunk_id.to_vec();
             let fallback = raw.clone();
-            let replied = tokio::task::spawn_blocking(move || wire.reply(&key, kind, raw)).await;
+            let rate = link.delivery_rate;
+            let replied = {
+                let wire = Arc::clone(&wire);
+                tokio::task::spawn_blocking(move || {
+                    let reply = wire.reply(&key, kind, raw.clone(), rate);
+                    (reply, key, raw)
+                })
+                .await
+            };
             match replied {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(err)) => {
+                Ok((Ok((chunk, encoding, later)), key, raw)) => {
+                    if later {
+                        // Compressed after this reply, for the next (one at a time).
+                        tokio::task::spawn_blocking(move || wire.compress_later(&key, kind, raw));
+                    }
+                    (chunk, encoding)
+                }
+                Ok((Err(err), _, _)) => {
                     tracing::error!(error = %err, "a chunk reply is sent raw: its zstd body failed");
                     (fallback, BodyEncoding::Raw)
                 }

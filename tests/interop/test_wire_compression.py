@@ -3,7 +3,7 @@ biopb client (mapped and over DoGet), pyarrow's Flight client and `tessera get` 
 what numpy holds, label sets, u16 pixels and noise whose buffers zstd cannot shrink (sent
 raw inside the compressed message, their length written as -1); `off` sends raw bodies;
 `auto` compresses a label set for a peer that dials a non-loopback address of this machine
-and leaves loopback peers, and noise, raw. What was sent is read from the server's
+and leaves loopback peers, noise, and pixels on that fast link raw. What was sent is read from the server's
 `tessera_do_get_body_bytes_total{encoding}` and from the FlightData bytes themselves."""
 import os
 import random
@@ -271,7 +271,8 @@ def test_auto_compresses_labels_for_a_peer_off_loopback(start_server, data, monk
     after = body_bytes(server)
     assert after["zstd"] == before["zstd"], (before, after)
     assert after["raw"] >= expected["noise"].nbytes, after
-    # Microscopy-like pixels shrink enough in the sample: compressed.
+    # Microscopy-like pixels shrink, but this peer's link is this machine's own (GB/s, or not
+    # measured yet on so few bytes): raw (slow links: test_wire_compression_rate.py).
     before = after["zstd"]
     biopb_reads(server, {"pixels": expected["pixels"]}, monkeypatch, mmap=False)
-    assert body_bytes(server)["zstd"] > before
+    assert body_bytes(server)["zstd"] == before

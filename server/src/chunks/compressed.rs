@@ -9,21 +9,32 @@
 //! keyed by the chunk id and the crc32c of the raw body, so a kept body is only ever
 //! served for the bytes it was made from. The raw chunk (the store's mapping) is untouched.
 //!
+//! Under `auto` a pixel chunk goes compressed only to a peer whose link is slower than what
+//! compression would deliver ([`pays`]): the delivery rate measured on the peer's connection
+//! (the wire's `TCP_INFO` samples, handed in as [`PeerLink`]) against the chunk's sampled
+//! ratio, the measured compression throughput (nothing when a body is kept) and the
+//! measured decode throughput (the client's cost, judged by the server's own checking
+//! decode). No measurement yet: raw. Label sets always go compressed to peers off loopback.
+//!
 //! ```text
-//!  raw chunk ─▶ rule (mode, loopback peer, labels or pixels) ─▶ raw: served as it is
-//!                 │ compress
+//!  raw chunk ─▶ rule (mode, loopback peer) ─▶ raw: served as it is
+//!                 │ may compress
 //!                 ▼
-//!  kept? (chunk id, crc32c) ─▶ yes: the kept body
-//!                 │ no
+//!  kept? (chunk id, crc32c) ─▶ declined (does not shrink) ─▶ raw
+//!                 │         ─▶ compressed body: labels, or pays at this link rate ─▶ it
+//!                 │ no / sampled only
 //!                 ▼
-//!  pixels under `auto`: 4 × 64 KiB sampled, shrinks ≥ 1.25× ? ─▶ no: raw (remembered)
-//!                 │ yes
+//!  pixels under `auto`: 4 × 64 KiB sampled (ratio, speeds), shrinks ≥ 1.25× ? ─▶ no: raw
+//!                 │ yes: pays at this link rate? ─▶ no: raw (the sample kept)
 //!                 ▼
 //!  re-encode with ZSTD buffers ─▶ decode, compare with the raw batch ─▶ kept, served
+//!                                 (both timed: the throughputs the rule uses)
 //! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
@@ -35,6 +46,7 @@ use bytes::Bytes;
 use lru::LruCache;
 
 use super::EncodedChunk;
+use super::label_tensors::LabelTensors;
 
 /// Default of `--wire-compression-memory`: the bytes of compressed bodies kept.
 pub const DEFAULT_WIRE_COMPRESSION_MEMORY: u64 = 256 << 20;
@@ -46,6 +58,15 @@ const SAMPLES: usize = 4;
 const SAMPLE_BYTES: usize = 64 << 10;
 /// A pixel chunk is compressed when its sample shrinks at least this much.
 const MIN_RATIO: f64 = 1.25;
+/// Compressing must be expected to deliver a pixel chunk at least this much sooner than
+/// sending it raw (room for the measurements' noise).
+const MARGIN: f64 = 1.15;
+/// A whole chunk's compression (re-encode, checking decode, compare) against zstd alone on
+/// the sample: the sample's throughput times this is the estimate until a whole chunk was
+/// compressed (measured: 0.4–0.6 on microscopy-like u16).
+const SAMPLE_TO_WHOLE: f64 = 0.5;
+/// Weight of a new measurement in the throughputs' moving averages.
+const SPEED_WEIGHT: f64 = 0.25;
 
 /// When chunk replies carry zstd-compressed buffers (`wire_compression`,
 /// `--wire-compression`).
@@ -75,7 +96,8 @@ pub enum WireCompression {
 /// What a chunk's tensor holds, as the rule sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorKind {
-    /// A label set (an upload under `@labels`): long runs of equal integers.
+    /// A label set (an upload under `@labels`, or an integer tensor `--label-tensors`
+    /// names): long runs of equal integers.
     Labels,
     /// Anything else.
     Pixels,
@@ -142,7 +164,17 @@ fn batch_of(chunk: &EncodedChunk, schema: &SchemaRef) -> Result<RecordBatch, Com
 }
 
 /// The chunk re-encoded with zstd buffers, checked to decode back to exactly the raw batch.
-pub fn compress(raw: &EncodedChunk, schema: &SchemaRef) -> Result<EncodedChunk, CompressError> {
+#[cfg(test)]
+fn compress(raw: &EncodedChunk, schema: &SchemaRef) -> Result<EncodedChunk, CompressError> {
+    compress_timed(raw, schema).map(|(chunk, _, _)| chunk)
+}
+
+/// [`compress`], with the time spent encoding and the time spent checking (decoding).
+fn compress_timed(
+    raw: &EncodedChunk,
+    schema: &SchemaRef,
+) -> Result<(EncodedChunk, Duration, Duration), CompressError> {
+    let start = Instant::now();
     let batch = batch_of(raw, schema)?;
     let arrow = |what| move |source| CompressError::Arrow { what, source };
     let options = IpcWriteOptions::default()
@@ -161,8 +193,10 @@ pub fn compress(raw: &EncodedChunk, schema: &SchemaRef) -> Result<EncodedChunk, 
         header: Bytes::from(encoded.ipc_message),
         body: Bytes::from(encoded.arrow_data),
     };
+    let encoding = start.elapsed();
+    let start = Instant::now();
     verify(&batch, &compressed, schema)?;
-    Ok(compressed)
+    Ok((compressed, encoding, start.elapsed()))
 }
 
 /// Refuses a compressed chunk that does not decode to exactly `raw`.
@@ -179,8 +213,19 @@ fn verify(
     }
 }
 
-/// How much zstd shrinks `body`, judged on [`SAMPLES`] windows spread over it.
-pub fn sampled_ratio(body: &[u8]) -> f64 {
+/// What zstd does to a sample of a chunk's body.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Raw bytes over packed bytes.
+    pub ratio: f64,
+    /// Raw bytes zstd packed per second.
+    pub compress_rate: f64,
+    /// Raw bytes zstd unpacked per second.
+    pub decode_rate: f64,
+}
+
+/// How much zstd shrinks `body` and how fast, judged on [`SAMPLES`] windows spread over it.
+pub fn sample(body: &[u8]) -> Sample {
     let windows: Vec<&[u8]> = if body.len() <= SAMPLES * SAMPLE_BYTES {
         vec![body]
     } else {
@@ -190,28 +235,109 @@ pub fn sampled_ratio(body: &[u8]) -> f64 {
             .collect()
     };
     let (mut raw, mut packed) = (0usize, 0usize);
+    let (mut packing, mut unpacking) = (Duration::ZERO, Duration::ZERO);
     for window in windows {
         raw += window.len();
+        let start = Instant::now();
         // A window zstd cannot pack counts as not shrinking.
-        packed += zstd::bulk::compress(window, ZSTD_LEVEL).map_or(window.len(), |c| c.len());
+        let Ok(frame) = zstd::bulk::compress(window, ZSTD_LEVEL) else {
+            packed += window.len();
+            continue;
+        };
+        packing += start.elapsed();
+        packed += frame.len();
+        let start = Instant::now();
+        let _ = zstd::bulk::decompress(&frame, window.len());
+        unpacking += start.elapsed();
     }
-    raw as f64 / packed.max(1) as f64
+    Sample {
+        ratio: raw as f64 / packed.max(1) as f64,
+        compress_rate: raw as f64 / packing.as_secs_f64().max(1e-6),
+        decode_rate: raw as f64 / unpacking.as_secs_f64().max(1e-6),
+    }
+}
+
+/// What the rule knows of the peer a reply goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PeerLink {
+    /// The peer connected from a loopback address (it shares this machine).
+    pub loopback: bool,
+    /// The rate its connection delivers reply bytes, measured (or remembered for its
+    /// address), bytes per second; `None` before any measurement.
+    pub delivery_rate: Option<f64>,
+}
+
+/// What compressing one chunk costs and gains, as the rule estimates it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Costs {
+    /// Raw bytes over compressed bytes.
+    pub ratio: f64,
+    /// Raw bytes per second the server compresses (and checks), or `None` when the body is
+    /// kept already (no cost).
+    pub compress_rate: Option<f64>,
+    /// Raw bytes per second the peer decodes.
+    pub decode_rate: f64,
+}
+
+/// Whether a pixel chunk is expected to reach a peer whose connection delivers
+/// `delivery_rate` bytes per second sooner compressed than raw, by at least [`MARGIN`].
+/// Per raw byte, raw costs `1 / rate`; compressed costs the slower of compressing it and
+/// sending the smaller body (the client keeps several chunks in flight, so one chunk's
+/// compression overlaps another's sending) plus the peer's decoding. Without a measured
+/// rate, no.
+pub fn pays(delivery_rate: Option<f64>, costs: Costs) -> bool {
+    let Some(rate) = delivery_rate.filter(|r| r.is_finite() && *r > 0.0) else {
+        return false;
+    };
+    if costs.ratio <= 1.0 {
+        return false;
+    }
+    let raw = 1.0 / rate;
+    let send = 1.0 / (rate * costs.ratio);
+    let compress = costs.compress_rate.map_or(0.0, |c| 1.0 / c.max(1.0));
+    let packed = send.max(compress) + 1.0 / costs.decode_rate.max(1.0);
+    packed * MARGIN < raw
+}
+
+/// Moving averages of the throughputs measured on whole chunks.
+#[derive(Clone, Copy, Debug, Default)]
+struct Speeds {
+    /// Raw bytes per second compressed and checked.
+    compress: Option<f64>,
+    /// Raw bytes per second decoded by the check.
+    decode: Option<f64>,
+}
+
+impl Speeds {
+    fn note(&mut self, raw_bytes: usize, compressing: Duration, decoding: Duration) {
+        let blend = |old: Option<f64>, new: f64| {
+            Some(old.map_or(new, |old| old + SPEED_WEIGHT * (new - old)))
+        };
+        let bytes = raw_bytes as f64;
+        self.compress = blend(
+            self.compress,
+            bytes / (compressing + decoding).as_secs_f64().max(1e-6),
+        );
+        self.decode = blend(self.decode, bytes / decoding.as_secs_f64().max(1e-6));
+    }
 }
 
 /// What is kept for one chunk's bytes.
 #[derive(Clone)]
 enum Kept {
-    /// Its compressed message.
-    Compressed(EncodedChunk),
-    /// The rule judged it not worth compressing.
+    /// Its compressed message and how much smaller it is.
+    Compressed(EncodedChunk, f64),
+    /// Its sample shrinks enough, but no peer's link made compressing it pay yet.
+    Sampled(Sample),
+    /// Its sample does not shrink enough (or its compressed body was no smaller).
     Declined,
 }
 
 impl Kept {
     fn cost(&self, key: &BodyKey) -> u64 {
         let body = match self {
-            Kept::Compressed(chunk) => chunk.len(),
-            Kept::Declined => 0,
+            Kept::Compressed(chunk, _) => chunk.len(),
+            Kept::Sampled(_) | Kept::Declined => 0,
         };
         (body + key.0.len() + 64) as u64
     }
@@ -234,6 +360,10 @@ pub struct WireBodies {
     budget: u64,
     schema: SchemaRef,
     held: Mutex<Held>,
+    speeds: Mutex<Speeds>,
+    labels: LabelTensors,
+    /// A [`WireBodies::compress_later`] is running.
+    later: AtomicBool,
 }
 
 impl std::fmt::Debug for WireBodies {
@@ -262,7 +392,21 @@ impl WireBodies {
                 entries: LruCache::unbounded(),
                 bytes: 0,
             }),
+            speeds: Mutex::new(Speeds::default()),
+            labels: LabelTensors::default(),
+            later: AtomicBool::new(false),
         }
+    }
+
+    /// Names the tensors the operator says are labels (`--label-tensors`).
+    pub fn with_label_tensors(mut self, labels: LabelTensors) -> Self {
+        self.labels = labels;
+        self
+    }
+
+    /// The tensors the operator says are labels.
+    pub fn label_tensors(&self) -> &LabelTensors {
+        &self.labels
     }
 
     /// Whether a reply to a peer may be compressed at all: not with `off`, and not to a
@@ -276,33 +420,118 @@ impl WireBodies {
     }
 
     /// The reply body for `raw`, the chunk `chunk_id` names, of a tensor of `kind`, to a
-    /// peer [`Self::may_compress`] allowed: the kept compressed body, or one compressed now,
-    /// or the raw chunk when the rule declines. Compresses on the calling thread (call it
-    /// on the blocking pool).
+    /// peer [`Self::may_compress`] allowed whose connection delivers `delivery_rate` bytes
+    /// per second (if measured): the kept compressed body, or one compressed now, or the
+    /// raw chunk when the rule declines; `true` third when a kept body would pay on this
+    /// link though compressing it now does not ([`Self::compress_later`]). Compresses on
+    /// the calling thread (call it on the blocking pool).
     pub fn reply(
         &self,
         chunk_id: &[u8],
         kind: TensorKind,
         raw: EncodedChunk,
-    ) -> Result<(EncodedChunk, BodyEncoding), CompressError> {
+        delivery_rate: Option<f64>,
+    ) -> Result<(EncodedChunk, BodyEncoding, bool), CompressError> {
         let key = BodyKey(chunk_id.to_vec(), crc32c::crc32c(&raw.body));
-        match self.lookup(&key) {
-            Some(Kept::Compressed(chunk)) => return Ok((chunk, BodyEncoding::Zstd)),
-            Some(Kept::Declined) => return Ok((raw, BodyEncoding::Raw)),
-            None => {}
+        let judged = self.mode == WireCompression::Auto && kind == TensorKind::Pixels;
+        let speeds = self.speeds();
+        let sampled = match self.lookup(&key) {
+            Some(Kept::Declined) => return Ok((raw, BodyEncoding::Raw, false)),
+            Some(Kept::Compressed(chunk, ratio)) => {
+                let costs = Costs {
+                    ratio,
+                    compress_rate: None,
+                    decode_rate: speeds.decode.unwrap_or(f64::INFINITY),
+                };
+                return Ok(if !judged || pays(delivery_rate, costs) {
+                    (chunk, BodyEncoding::Zstd, false)
+                } else {
+                    (raw, BodyEncoding::Raw, false)
+                });
+            }
+            Some(Kept::Sampled(sampled)) => Some(sampled),
+            None => None,
+        };
+        if judged {
+            let sampled = sampled.unwrap_or_else(|| sample(&raw.body));
+            if sampled.ratio < MIN_RATIO {
+                self.keep(key, Kept::Declined);
+                return Ok((raw, BodyEncoding::Raw, false));
+            }
+            let costs = Costs {
+                ratio: sampled.ratio,
+                compress_rate: Some(
+                    speeds
+                        .compress
+                        .unwrap_or(sampled.compress_rate * SAMPLE_TO_WHOLE),
+                ),
+                decode_rate: speeds
+                    .decode
+                    .unwrap_or(sampled.decode_rate * SAMPLE_TO_WHOLE),
+            };
+            if !pays(delivery_rate, costs) {
+                self.keep(key, Kept::Sampled(sampled));
+                // Not now, but a kept body would pay on this link: compress it after this
+                // reply, for the next.
+                let later = pays(
+                    delivery_rate,
+                    Costs {
+                        compress_rate: None,
+                        ..costs
+                    },
+                );
+                return Ok((raw, BodyEncoding::Raw, later));
+            }
         }
-        let judged = self.mode == WireCompression::Auto;
-        if judged && kind == TensorKind::Pixels && sampled_ratio(&raw.body) < MIN_RATIO {
+        let (chunk, encoding) = self.compress_and_keep(key, kind, raw)?;
+        Ok((chunk, encoding, false))
+    }
+
+    /// Compresses a chunk [`Self::reply`] sent raw but asked to be compressed later, and
+    /// keeps its body for the next reply; one at a time (another asked meanwhile is left for
+    /// a later reply to ask again), so the server spends at most one blocking thread on it.
+    pub fn compress_later(&self, chunk_id: &[u8], kind: TensorKind, raw: EncodedChunk) {
+        if self
+            .later
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let key = BodyKey(chunk_id.to_vec(), crc32c::crc32c(&raw.body));
+        if let Err(err) = self.compress_and_keep(key, kind, raw) {
+            tracing::warn!(error = %err, "compressing a chunk for later replies failed; it is sent raw");
+        }
+        self.later.store(false, Ordering::Release);
+    }
+
+    /// Compresses `raw`, notes the throughputs (pixels only) and keeps the body (or the
+    /// verdict, under `auto`, when it is no smaller).
+    fn compress_and_keep(
+        &self,
+        key: BodyKey,
+        kind: TensorKind,
+        raw: EncodedChunk,
+    ) -> Result<(EncodedChunk, BodyEncoding), CompressError> {
+        let (compressed, compressing, decoding) = compress_timed(&raw, &self.schema)?;
+        // Label sets pack far faster than pixels: only pixels' throughputs judge pixels.
+        if kind == TensorKind::Pixels
+            && let Ok(mut speeds) = self.speeds.lock()
+        {
+            speeds.note(raw.body.len(), compressing, decoding);
+        }
+        if self.mode == WireCompression::Auto && compressed.len() >= raw.len() {
             self.keep(key, Kept::Declined);
             return Ok((raw, BodyEncoding::Raw));
         }
-        let compressed = compress(&raw, &self.schema)?;
-        if judged && compressed.len() >= raw.len() {
-            self.keep(key, Kept::Declined);
-            return Ok((raw, BodyEncoding::Raw));
-        }
-        self.keep(key, Kept::Compressed(compressed.clone()));
+        let ratio = raw.len() as f64 / compressed.len().max(1) as f64;
+        self.keep(key, Kept::Compressed(compressed.clone(), ratio));
         Ok((compressed, BodyEncoding::Zstd))
+    }
+
+    /// The throughputs measured so far.
+    fn speeds(&self) -> Speeds {
+        self.speeds.lock().map_or(Speeds::default(), |s| *s)
     }
 
     /// Bytes of kept bodies now.
@@ -499,26 +728,30 @@ mod tests {
         assert!(auto.may_compress(false));
         assert!(!WireBodies::new(WireCompression::Off, 1 << 20).may_compress(false));
         assert!(WireBodies::new(WireCompression::Zstd, 1 << 20).may_compress(true));
-        let (_, enc) = auto
-            .reply(b"a", TensorKind::Pixels, raw_chunk(&noise(1 << 20)))
+        let slow = Some(1e6);
+        let (_, enc, _) = auto
+            .reply(b"a", TensorKind::Pixels, raw_chunk(&noise(1 << 20)), slow)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
-        let (_, enc) = auto
-            .reply(b"b", TensorKind::Pixels, raw_chunk(&labels(1 << 20)))
+        let (_, enc, _) = auto
+            .reply(b"b", TensorKind::Pixels, raw_chunk(&labels(1 << 20)), slow)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
-        let (_, enc) = auto
-            .reply(b"c", TensorKind::Labels, raw_chunk(&labels(1 << 20)))
-            .unwrap();
-        assert_eq!(enc, BodyEncoding::Zstd);
+        // Labels go compressed whatever the link, measured or not.
+        for rate in [None, Some(1e13)] {
+            let (_, enc, _) = auto
+                .reply(b"c", TensorKind::Labels, raw_chunk(&labels(1 << 20)), rate)
+                .unwrap();
+            assert_eq!(enc, BodyEncoding::Zstd);
+        }
         // Labels whose bytes do not shrink at all stay raw under auto, not under zstd.
-        let (_, enc) = auto
-            .reply(b"d", TensorKind::Labels, raw_chunk(&noise(1 << 16)))
+        let (_, enc, _) = auto
+            .reply(b"d", TensorKind::Labels, raw_chunk(&noise(1 << 16)), slow)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         let zstd = WireBodies::new(WireCompression::Zstd, 64 << 20);
-        let (_, enc) = zstd
-            .reply(b"d", TensorKind::Pixels, raw_chunk(&noise(1 << 16)))
+        let (_, enc, _) = zstd
+            .reply(b"d", TensorKind::Pixels, raw_chunk(&noise(1 << 16)), None)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
     }
@@ -528,8 +761,8 @@ mod tests {
         let bodies = WireBodies::new(WireCompression::Zstd, 48 << 10);
         for i in 0..40u8 {
             let data = noise(8 << 10);
-            let (chunk, _) = bodies
-                .reply(&[i], TensorKind::Pixels, raw_chunk(&data))
+            let (chunk, _, _) = bodies
+                .reply(&[i], TensorKind::Pixels, raw_chunk(&data), None)
                 .unwrap();
             assert!(bodies.held_bytes() <= 48 << 10, "{}", bodies.held_bytes());
             assert!(chunk.body.len() > 8 << 10);
@@ -537,12 +770,12 @@ mod tests {
         assert!(bodies.held_bytes() > 32 << 10);
         // The same chunk id with other raw bytes is another entry: never the old body.
         let first = labels(8 << 10);
-        let (a, _) = bodies
-            .reply(b"same", TensorKind::Labels, raw_chunk(&first))
+        let (a, _, _) = bodies
+            .reply(b"same", TensorKind::Labels, raw_chunk(&first), None)
             .unwrap();
         let other = noise(8 << 10);
-        let (b, _) = bodies
-            .reply(b"same", TensorKind::Labels, raw_chunk(&other))
+        let (b, _, _) = bodies
+            .reply(b"same", TensorKind::Labels, raw_chunk(&other), None)
             .unwrap();
         assert_ne!(a.body, b.body);
         let batch = batch_of(&b, &schema()).unwrap();
@@ -554,10 +787,142 @@ mod tests {
         assert!(values.value(0) == other.as_slice());
         // One body larger than the whole budget is served, not kept.
         let small = WireBodies::new(WireCompression::Zstd, 1024);
-        let (_, enc) = small
-            .reply(b"big", TensorKind::Pixels, raw_chunk(&noise(8 << 10)))
+        let (_, enc, _) = small
+            .reply(b"big", TensorKind::Pixels, raw_chunk(&noise(8 << 10)), None)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         assert_eq!(small.held_bytes(), 0);
+    }
+
+    const MIB: f64 = (1 << 20) as f64;
+
+    #[test]
+    fn the_rate_rule_compresses_on_slow_links_only() {
+        // Microscopy-like u16: 1.7×, compressing 210 MiB/s, decoding 1500 MiB/s.
+        let fresh = Costs {
+            ratio: 1.7,
+            compress_rate: Some(210.0 * MIB),
+            decode_rate: 1500.0 * MIB,
+        };
+        let kept = Costs {
+            compress_rate: None,
+            ..fresh
+        };
+        let gbit = 1e9 / 8.0;
+        for costs in [fresh, kept] {
+            assert!(pays(Some(gbit), costs), "1 Gbit/s: {costs:?}");
+            assert!(!pays(Some(10.0 * gbit), costs), "10 Gbit/s: {costs:?}");
+            assert!(!pays(Some(40.0 * gbit), costs), "loopback-like: {costs:?}");
+            // Nothing measured yet: raw.
+            assert!(!pays(None, costs));
+            assert!(!pays(Some(0.0), costs));
+            assert!(!pays(Some(f64::NAN), costs));
+        }
+        // A kept body pays on a faster link than one still to be compressed.
+        assert!(pays(Some(2.5 * gbit), kept));
+        assert!(!pays(Some(2.5 * gbit), fresh));
+        // Compression slower than the link never pays, however well it packs.
+        let slow_packer = Costs {
+            ratio: 5.0,
+            compress_rate: Some(50.0 * MIB),
+            decode_rate: 1500.0 * MIB,
+        };
+        assert!(!pays(Some(gbit), slow_packer));
+        assert!(pays(Some(20.0 * MIB), slow_packer));
+        // A peer that decodes slower than the link: raw.
+        let slow_decoder = Costs {
+            decode_rate: 100.0 * MIB,
+            ..kept
+        };
+        assert!(!pays(Some(gbit), slow_decoder));
+        // Barely shrinking: the margin keeps it raw.
+        let barely = Costs { ratio: 1.1, ..kept };
+        assert!(!pays(Some(gbit), barely));
+    }
+
+    #[test]
+    fn a_kept_body_follows_each_peers_rate() {
+        let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
+        let data = labels(1 << 20);
+        // No measurement: raw, and the sample is remembered (no body kept).
+        let (_, enc, _) = auto
+            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), None)
+            .unwrap();
+        assert_eq!(enc, BodyEncoding::Raw);
+        assert_eq!(auto.held_bytes(), b"p".len() as u64 + 64);
+        // A fast link: still raw.
+        let (_, enc, _) = auto
+            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .unwrap();
+        assert_eq!(enc, BodyEncoding::Raw);
+        // A slow one: compressed and kept.
+        let (slow, enc, _) = auto
+            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e6))
+            .unwrap();
+        assert_eq!(enc, BodyEncoding::Zstd);
+        assert!(auto.held_bytes() > 64);
+        // The kept body goes to the next slow peer, never to a fast one.
+        let (again, enc, _) = auto
+            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(2e6))
+            .unwrap();
+        assert_eq!(enc, BodyEncoding::Zstd);
+        assert_eq!(again.body, slow.body);
+        let (raw, enc, _) = auto
+            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .unwrap();
+        assert_eq!(enc, BodyEncoding::Raw);
+        assert_eq!(raw.body, raw_chunk(&data).body);
+    }
+
+    #[test]
+    fn the_sample_measures_ratio_and_speed() {
+        let packed = sample(&labels(1 << 20));
+        assert!(packed.ratio > 20.0, "{packed:?}");
+        assert!(packed.compress_rate > 0.0 && packed.decode_rate > 0.0);
+        let noisy = sample(&noise(1 << 20));
+        assert!(noisy.ratio < MIN_RATIO, "{noisy:?}");
+    }
+
+    #[test]
+    fn a_chunk_too_slow_to_compress_now_is_compressed_for_the_next_reply() {
+        let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
+        // Injected measurements: compressing at 1 MB/s, decoding at 1 TB/s.
+        *auto.speeds.lock().unwrap() = Speeds {
+            compress: Some(1e6),
+            decode: Some(1e12),
+        };
+        let data = labels(1 << 20);
+        let link = Some(5e6);
+        let (_, enc, later) = auto
+            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), link)
+            .unwrap();
+        assert_eq!((enc, later), (BodyEncoding::Raw, true));
+        // A fast link asks for nothing later.
+        let (_, _, later) = auto
+            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .unwrap();
+        assert!(!later);
+        auto.compress_later(b"q", TensorKind::Pixels, raw_chunk(&data));
+        let (chunk, enc, later) = auto
+            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), link)
+            .unwrap();
+        assert_eq!((enc, later), (BodyEncoding::Zstd, false));
+        let batch = batch_of(&chunk, &schema()).unwrap();
+        let values = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .unwrap();
+        assert!(values.value(0) == data.as_slice());
+        // While one runs, another is not started.
+        auto.later.store(true, Ordering::Release);
+        auto.compress_later(b"r", TensorKind::Pixels, raw_chunk(&noise(1 << 16)));
+        assert!(
+            auto.lookup(&BodyKey(
+                b"r".to_vec(),
+                crc32c::crc32c(&raw_chunk(&noise(1 << 16)).body)
+            ))
+            .is_none()
+        );
     }
 }

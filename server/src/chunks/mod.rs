@@ -52,6 +52,7 @@ mod compressed;
 mod decode;
 mod decodes;
 mod error;
+mod label_tensors;
 mod locate;
 mod memory;
 mod permits;
@@ -79,10 +80,12 @@ pub use budget::DEFAULT_MAX_SCALED_DECODE_BYTES;
 use budget::{BudgetError, DecodeBudget, Reserved};
 use buffers::BufferPool;
 pub use compressed::{
-    BodyEncoding, DEFAULT_WIRE_COMPRESSION_MEMORY, TensorKind, WireBodies, WireCompression,
+    BodyEncoding, DEFAULT_WIRE_COMPRESSION_MEMORY, PeerLink, TensorKind, WireBodies,
+    WireCompression,
 };
 use decodes::Decodes;
 pub use error::ChunkError;
+pub use label_tensors::LabelTensors;
 pub use locate::{LocateOutcome, Unlocatable};
 use memory::MemoryCache;
 pub use memory::MemoryStore;
@@ -193,10 +196,16 @@ impl ChunkService {
         }
     }
 
-    /// Sets when `do_get` replies carry zstd-compressed buffers and the memory their kept
-    /// bodies may hold (default `auto`, [`DEFAULT_WIRE_COMPRESSION_MEMORY`]).
-    pub fn with_wire_compression(mut self, mode: WireCompression, memory: u64) -> Self {
-        self.wire = Arc::new(WireBodies::new(mode, memory));
+    /// Sets when `do_get` replies carry zstd-compressed buffers, the memory their kept
+    /// bodies may hold (default `auto`, [`DEFAULT_WIRE_COMPRESSION_MEMORY`]) and the
+    /// tensors the operator says are labels (default none).
+    pub fn with_wire_compression(
+        mut self,
+        mode: WireCompression,
+        memory: u64,
+        labels: LabelTensors,
+    ) -> Self {
+        self.wire = Arc::new(WireBodies::new(mode, memory).with_label_tensors(labels));
         self
     }
 

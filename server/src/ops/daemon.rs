@@ -229,6 +229,7 @@ impl Daemon {
             .with_wire_compression(
                 chunks.wire_compression,
                 chunks.wire_compression_memory.get(),
+                chunks.label_tensors().unwrap_or_default(),
             )
             .with_metrics(metrics.clone());
         let state = Arc::new(

@@ -11,6 +11,7 @@
 //! every slot for good (issue 28).
 
 mod calls;
+mod link_rate;
 mod roster;
 
 use std::future::Future;
@@ -27,6 +28,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
 
 pub use calls::CountCalls;
+pub use link_rate::{LinkRate, LinkRates};
 pub use roster::{Activity, CallInFlight, NoSeat, Roster, Seat, SeatLimits};
 
 use crate::metrics::{Metrics, OpenConnection};
@@ -117,6 +119,7 @@ pub fn incoming(
     metrics: Metrics,
 ) -> impl Stream<Item = Result<Admitted, io::Error>> {
     let roster = Roster::new(admission.seats);
+    let rates = Arc::new(LinkRates::default());
     futures::stream::unfold(
         (
             Acceptor::new(listener),
@@ -125,37 +128,44 @@ pub fn incoming(
             metrics,
             TurnedAway::default(),
         ),
-        move |(mut acceptor, roster, unread, metrics, mut turned_away)| async move {
-            loop {
-                let stream = acceptor.accept().await;
-                let peer = stream.peer_addr().ok();
-                let seat = match roster.seat(peer.map(|p| p.ip())) {
-                    Ok(seat) => seat,
-                    Err(why) => {
-                        // Closed at once: the peer sees a reset, not a hang.
-                        turned_away.note(|count| refusal_line(&admission.seats, why, peer, count));
-                        drop(stream);
-                        continue;
+        move |(mut acceptor, roster, unread, metrics, mut turned_away)| {
+            let rates = Arc::clone(&rates);
+            async move {
+                loop {
+                    let stream = acceptor.accept().await;
+                    let peer = stream.peer_addr().ok();
+                    let seat = match roster.seat(peer.map(|p| p.ip())) {
+                        Ok(seat) => seat,
+                        Err(why) => {
+                            // Closed at once: the peer sees a reset, not a hang.
+                            turned_away
+                                .note(|count| refusal_line(&admission.seats, why, peer, count));
+                            drop(stream);
+                            continue;
+                        }
+                    };
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
                     }
-                };
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+                    let connection = unread.connect(peer);
+                    let link = rates
+                        .connection(peer.map(|p| p.ip()), peer.is_some_and(|p| is_loopback(&p)));
+                    let admitted = Admitted {
+                        stream,
+                        connection,
+                        link,
+                        _open: metrics.connection_opened(),
+                        seat,
+                        handshake: Some(Box::pin(tokio::time::sleep_until(
+                            Instant::now() + admission.handshake_timeout,
+                        ))),
+                        received: 0,
+                    };
+                    return Some((
+                        Ok(admitted),
+                        (acceptor, roster, unread, metrics, turned_away),
+                    ));
                 }
-                let connection = unread.connect(peer);
-                let admitted = Admitted {
-                    stream,
-                    connection,
-                    _open: metrics.connection_opened(),
-                    seat,
-                    handshake: Some(Box::pin(tokio::time::sleep_until(
-                        Instant::now() + admission.handshake_timeout,
-                    ))),
-                    received: 0,
-                };
-                return Some((
-                    Ok(admitted),
-                    (acceptor, roster, unread, metrics, turned_away),
-                ));
             }
         },
     )
@@ -195,6 +205,8 @@ fn out_of_resources(err: &io::Error) -> bool {
 pub struct Admitted {
     stream: TcpStream,
     connection: Arc<Connection>,
+    /// The delivery rate its replies reach (`--wire-compression auto`).
+    link: Arc<LinkRate>,
     _open: OpenConnection,
     seat: Seat,
     /// Running until the first bytes arrived; `None` after.
@@ -212,6 +224,8 @@ pub struct Peer {
     pub connection: Arc<Connection>,
     /// The connection's calls in flight, as its seat's roster counts them.
     pub activity: Arc<Activity>,
+    /// The delivery rate measured on the connection.
+    pub link: Arc<LinkRate>,
 }
 
 impl Peer {
@@ -227,12 +241,20 @@ impl Peer {
     /// Whether the peer connected from a loopback address (`127.0.0.0/8`, `::1`, or an
     /// IPv4-mapped loopback address), i.e. it shares this machine's files.
     pub fn is_loopback(&self) -> bool {
-        self.tcp.remote_addr().is_some_and(|addr| match addr.ip() {
-            std::net::IpAddr::V6(v6) => v6
-                .to_ipv4_mapped()
-                .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
-            ip => ip.is_loopback(),
-        })
+        self.tcp
+            .remote_addr()
+            .is_some_and(|addr| is_loopback(&addr))
+    }
+}
+
+/// Whether `addr` is a loopback address (`127.0.0.0/8`, `::1`, or an IPv4-mapped loopback
+/// address).
+fn is_loopback(addr: &std::net::SocketAddr) -> bool {
+    match addr.ip() {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        ip => ip.is_loopback(),
     }
 }
 
@@ -244,6 +266,7 @@ impl Connected for Admitted {
             tcp: self.stream.connect_info(),
             connection: Arc::clone(&self.connection),
             activity: Arc::clone(self.seat.activity()),
+            link: Arc::clone(&self.link),
         }
     }
 }
@@ -317,7 +340,11 @@ impl AsyncWrite for Admitted {
         if let Some(err) = self.closed() {
             return Poll::Ready(Err(err));
         }
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.link.wrote(&self.stream);
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -330,7 +357,11 @@ impl AsyncWrite for Admitted {
         if let Some(err) = self.closed() {
             return Poll::Ready(Err(err));
         }
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.link.wrote(&self.stream);
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

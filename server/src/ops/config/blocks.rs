@@ -24,7 +24,7 @@ use super::{
 };
 use crate::chunks::{
     DEFAULT_MAX_SCALED_DECODE_BYTES, DEFAULT_READ_AHEAD_BYTES, DEFAULT_SETTLE_WINDOW,
-    DEFAULT_UPSTREAM_FETCHES, DEFAULT_WIRE_COMPRESSION_MEMORY, WireCompression,
+    DEFAULT_UPSTREAM_FETCHES, DEFAULT_WIRE_COMPRESSION_MEMORY, LabelTensors, WireCompression,
 };
 use crate::grid::route::LoopbackPlans;
 use crate::grid::scaled::pyramid::PyramidPolicy;
@@ -211,14 +211,25 @@ settings_block! {
         #[arg(long, env = "TESSERA_MAX_SCALED_DECODE_MEMORY", value_name = "SIZE")]
         max_scaled_decode_memory: Size = Size::bytes(DEFAULT_MAX_SCALED_DECODE_BYTES),
         /// Zstd-compress the buffers of do_get replies: `auto` for peers not on loopback
-        /// (label sets always, pixels when a sample shrinks 1.25×), `zstd` for every peer,
-        /// `off` never [default: auto].
+        /// (label tensors always, pixels that shrink when the peer's measured delivery rate
+        /// is slower than compression would deliver), `zstd` for every peer, `off` never
+        /// [default: auto].
         #[arg(long, env = "TESSERA_WIRE_COMPRESSION", value_enum)]
         wire_compression: WireCompression = WireCompression::default(),
         /// Memory the compressed bodies kept for replies may hold; the least recently used
         /// are dropped past it [default: 256MiB].
         #[arg(long, env = "TESSERA_WIRE_COMPRESSION_MEMORY", value_name = "SIZE")]
         wire_compression_memory: Size = Size::bytes(DEFAULT_WIRE_COMPRESSION_MEMORY),
+        /// A pattern of array ids (`*` any characters, `?` one) of integer tensors that are
+        /// label images: compressed to every peer off loopback under `--wire-compression
+        /// auto`, like label set uploads; repeat for several [env: comma-separated list].
+        #[arg(
+            long = "label-tensors",
+            env = "TESSERA_LABEL_TENSORS",
+            value_delimiter = ',',
+            value_name = "PATTERN"
+        )]
+        label_tensors: Vec<String> = Vec::new(),
     }
 }
 
@@ -244,7 +255,14 @@ impl ChunksValues {
                 "max_scaled_decode_memory {max_scaled_decode_bytes} bytes is under 16MiB: no scaled chunk could be computed"
             )));
         }
+        self.label_tensors()?;
         Ok(())
+    }
+
+    /// The `label_tensors` patterns, refusing an empty one.
+    pub fn label_tensors(&self) -> Result<LabelTensors, ConfigError> {
+        LabelTensors::new(&self.label_tensors)
+            .map_err(|err| ConfigError::Invalid(format!("label_tensors: {err}")))
     }
 }
 

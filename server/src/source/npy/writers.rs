@@ -7,11 +7,11 @@
 //! process with `CAP_LEASE`, and only on file systems that support them; elsewhere the
 //! answer is [`Writers::Unknown`] and the caller relies on its stability window alone.
 //!
-//! This module holds the server crate's only `unsafe` code.
+//! The two `fcntl` calls are in [`crate::sys`].
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::sync::Once;
+
+use crate::sys;
 
 /// What the kernel says about writers of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,31 +26,16 @@ pub enum Writers {
 
 /// Asks whether any process has `file` (opened read-only) open for writing.
 pub fn probe(file: &File) -> Writers {
-    ignore_lease_breaks();
-    let fd = file.as_raw_fd();
-    // SAFETY: `fd` is a valid descriptor owned by `file`, which outlives both calls;
-    // F_SETLEASE takes an integer argument and touches no memory of ours.
-    let set = unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) };
-    if set == 0 {
-        // SAFETY: as above; releasing the lease we just placed.
-        unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
-        return Writers::None;
+    match sys::set_read_lease(file) {
+        Ok(()) => {
+            sys::release_lease(file);
+            Writers::None
+        }
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EBUSY) => Writers::Open,
+            _ => Writers::Unknown,
+        },
     }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EBUSY) => Writers::Open,
-        _ => Writers::Unknown,
-    }
-}
-
-/// A writer opening the file between placing and releasing a lease makes the kernel send
-/// the lease holder `SIGIO`, whose default action ends the process; ignore it once.
-fn ignore_lease_breaks() {
-    static IGNORE: Once = Once::new();
-    IGNORE.call_once(|| {
-        // SAFETY: installing SIG_IGN for SIGIO runs no handler code; nothing in the
-        // process relies on SIGIO (no O_ASYNC descriptors are used).
-        unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
-    });
 }
 
 #[cfg(test)]

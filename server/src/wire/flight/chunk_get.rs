@@ -53,7 +53,7 @@ use tonic::server::NamedService;
 
 use super::auth::{DO_GET_PATH, TokenRefused};
 use super::{CatalogSql, RoiReadTicket};
-use crate::chunks::EncodedChunk;
+use crate::chunks::{EncodedChunk, PeerLink};
 use crate::error::{NotServed, RequestError, ServiceError};
 use crate::state::ServiceState;
 use crate::unread::Hold;
@@ -145,7 +145,10 @@ async fn dispatch(state: &ServiceState, limit: usize, request: http::Request<Bod
     let token_refused = parts.extensions.remove::<TokenRefused>();
     let peer = Peer::of(&parts.extensions);
     let connection = peer.map(|peer| Arc::clone(&peer.connection));
-    let loopback = peer.is_some_and(Peer::is_loopback);
+    let link = PeerLink {
+        loopback: peer.is_some_and(Peer::is_loopback),
+        delivery_rate: peer.and_then(|peer| peer.link.estimate()),
+    };
     // A call without a valid token may carry a ROI ticket only, which is small: it may not make
     // the server read more than that.
     let limit = if token_refused.is_some() {
@@ -203,7 +206,7 @@ async fn dispatch(state: &ServiceState, limit: usize, request: http::Request<Bod
             return Dispatched::Answer(Status::from(refusal).into_http());
         }
     };
-    match state.read_path().wire_chunk(&chunk_id, loopback).await {
+    match state.read_path().wire_chunk(&chunk_id, link).await {
         Ok((chunk, _encoding)) => {
             // Replies on connections of the accept loop are registered in the state's ledger
             // while the peer has not read them.
