@@ -1,4 +1,4 @@
-//! Keeps the daemon's own machine code in memory (`resident_code`, decision 0042).
+//! Keeps the daemon's own machine code in memory (`resident_code`, decision 0040).
 //!
 //! A long-running server runs most of its code paths rarely: the first `get_descriptor` of a
 //! session, a scaled read, a catalog query. When the page cache is dropped, or when reads of

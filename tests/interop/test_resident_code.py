@@ -1,4 +1,4 @@
-"""`resident_code` (decision 0042): a started server maps every page of its binary's
+"""`resident_code` (decision 0040): a started server maps every page of its binary's
 read-only segments, so no call pages its code back in from disk after the page cache is
 dropped; `--resident-code=false` leaves them to the kernel's demand paging."""
 import os

@@ -548,7 +548,7 @@ settings_block! {
         /// Map every page of the binary's code and constants at start, so code paths a
         /// session uses rarely are never read back from disk after the page cache is
         /// dropped or pushed out; costs the binary's size in shared, file-backed resident
-        /// memory (decision 0042) [default: true].
+        /// memory (decision 0040) [default: true].
         #[arg(long, env = "TESSERA_RESIDENT_CODE", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
         resident_code: bool = true,
         /// Log line format; its flag, `--log-format` (`TESSERA_LOG_FORMAT`), is the binary's
