@@ -33,6 +33,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one request may take, its body included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The refusal of a store whose client object_store could not build.
+fn setup_failed(address: &StoreAddress, err: object_store::Error) -> ObjectStoreError {
+    ObjectStoreError::Setup {
+        url: address.url.clone(),
+        why: err.to_string(),
+    }
+}
+
 /// The retries of one request: a few, with backoff, and never past this time, so a store
 /// that is down fails a read within seconds rather than minutes.
 fn retry() -> RetryConfig {
@@ -88,16 +96,18 @@ impl Client {
             return Self::web(address, options, allow_http);
         }
         let (store, anonymous) =
-            cloud::store(&address, options, retry()).map_err(|e| ObjectStoreError::Setup {
-                url: address.url.clone(),
-                why: e.to_string(),
-            })?;
-        Ok(Client {
+            cloud::store(&address, options, retry()).map_err(|e| setup_failed(&address, e))?;
+        Ok(Client::limited(address, store, anonymous))
+    }
+
+    /// The client of `store` for `address`, with at most `MAX_REQUESTS` requests in flight.
+    fn limited(address: StoreAddress, store: impl ObjectStore, anonymous: bool) -> Client {
+        Client {
             address,
             store: Arc::new(LimitStore::new(store, MAX_REQUESTS)),
             runtime: tokio::runtime::Handle::current(),
             anonymous,
-        })
+        }
     }
 
     /// The client of a web server's store: object_store's HTTP client on the server's
@@ -122,16 +132,8 @@ impl Client {
             .with_client_options(options.with_allow_http(plain))
             .with_retry(retry())
             .build()
-            .map_err(|e| ObjectStoreError::Setup {
-                url: address.url.clone(),
-                why: e.to_string(),
-            })?;
-        Ok(Client {
-            address,
-            store: Arc::new(LimitStore::new(store, MAX_REQUESTS)),
-            runtime: tokio::runtime::Handle::current(),
-            anonymous: true,
-        })
+            .map_err(|e| setup_failed(&address, e))?;
+        Ok(Client::limited(address, store, true))
     }
 
     /// The address the client was made for.
