@@ -1,12 +1,17 @@
 //! The kernel calls libc offers no safe wrapper for: file leases (asked by
 //! `source::npy::writers`) and a TCP socket's `TCP_INFO` (sampled by the accept loop's
-//! connections for `--wire-compression auto`, docs/decisions/0039).
+//! connections for `--wire-compression auto`, docs/decisions/0039); and the one zarrs
+//! constructor that is `unsafe` (a decode target over a caller's buffer, which lets a Zarr
+//! region decode straight into the chunk buffer instead of a fresh one copied after).
 //!
 //! This module holds the server crate's only `unsafe` code.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Once;
+
+use unsafe_cell_slice::UnsafeCellSlice;
+use zarrs::array::{ArrayBytesFixedDisjointView, ArraySubset};
 
 /// Places a read lease on `file` (`fcntl(F_SETLEASE, F_RDLCK)`): `Ok` when placed, else
 /// the kernel's refusal (`EAGAIN`/`EBUSY`: someone has it open for writing).
@@ -97,6 +102,31 @@ pub fn tcp_delivery(socket: &impl AsFd) -> Option<TcpDelivery> {
         delivery_rate: info.delivery_rate,
         app_limited: info.bytes[7] & 1 == 1,
     })
+}
+
+/// A zarrs decode target covering all of `out`, a C-order buffer of an array of `shape`
+/// with elements of `itemsize` bytes: `Array::retrieve_array_subset_into_opt` then writes
+/// each decoded chunk into its place in `out`. `None` (not a panic) when `out` is not
+/// exactly `shape`'s bytes.
+pub fn decode_target<'a>(
+    out: &'a mut [u8],
+    itemsize: usize,
+    shape: &'a [u64],
+) -> Option<ArrayBytesFixedDisjointView<'a>> {
+    let bytes = shape
+        .iter()
+        .try_fold(itemsize as u64, |acc, n| acc.checked_mul(*n))
+        .and_then(|n| usize::try_from(n).ok());
+    if bytes != Some(out.len()) {
+        return None;
+    }
+    let whole = ArraySubset::new_with_shape(shape.to_vec());
+    // SAFETY: the view covers the whole of `out`, which it borrows mutably for its whole
+    // life, so no other view of the same bytes can exist while it does (the constructor's
+    // one requirement: views of one buffer must not overlap). Its own panic (a byte count
+    // above usize::MAX) cannot happen: the product was checked against `out.len()` above.
+    unsafe { ArrayBytesFixedDisjointView::new(UnsafeCellSlice::new(out), itemsize, shape, whole) }
+        .ok()
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use serde_json::{Map, Value, json};
-use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
+use zarrs::array::{Array, ArraySubset, CodecOptions};
 use zarrs::storage::WritableStorageTraits;
 use zarrs::storage::storage_adapter::async_to_sync::{
     AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
@@ -344,20 +344,16 @@ impl Source for ZarrObject {
             start.iter().zip(stop).map(|(a, b)| *a..*b).collect();
         let subset = ArraySubset::new_with_ranges(&ranges);
         let fetched = self.fetch(&subset)?;
-        let bytes: ArrayBytes<'static> = fetched
-            .retrieve_array_subset_opt(&subset, &self.options)
+        let shape: Vec<u64> = start.iter().zip(stop).map(|(a, b)| b - a).collect();
+        let mut target =
+            crate::sys::decode_target(out, self.dtype.itemsize, &shape).ok_or_else(|| {
+                self.failure(format!(
+                    "the buffer for the region {start:?}..{stop:?} is not its size"
+                ))
+            })?;
+        fetched
+            .retrieve_array_subset_into_opt(&subset, (&mut target).into(), &self.options)
             .map_err(|e| self.failure(e.to_string()))?;
-        let raw = bytes
-            .into_fixed()
-            .map_err(|e| self.failure(e.to_string()))?;
-        if raw.len() != out.len() {
-            return Err(self.failure(format!(
-                "decoded {} bytes where the region {start:?}..{stop:?} holds {}",
-                raw.len(),
-                out.len()
-            )));
-        }
-        out.copy_from_slice(&raw);
         Ok(())
     }
 }

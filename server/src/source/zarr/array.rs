@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
-use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
+use zarrs::array::{Array, ArraySubset, CodecOptions};
 use zarrs::filesystem::FilesystemStore;
 
 use super::error::ZarrError;
@@ -216,23 +216,17 @@ impl ZarrArray {
         };
         let touched = self.touched(&subset);
         self.prefetch(&touched);
-        let bytes: ArrayBytes<'static> = self
-            .array
-            .retrieve_array_subset_opt(&subset, &self.options)
+        let shape: Vec<u64> = start.iter().zip(stop).map(|(a, b)| b - a).collect();
+        let mut target =
+            crate::sys::decode_target(out, self.dtype.itemsize, &shape).ok_or_else(|| {
+                ZarrError::Decoded {
+                    path: self.dir.clone(),
+                    why: format!("the buffer for the region {start:?}..{stop:?} is not its size"),
+                }
+            })?;
+        self.array
+            .retrieve_array_subset_into_opt(&subset, (&mut target).into(), &self.options)
             .map_err(failed)?;
-        let unexpected = |why: String| ZarrError::Decoded {
-            path: self.dir.clone(),
-            why,
-        };
-        let raw = bytes.into_fixed().map_err(|e| unexpected(e.to_string()))?;
-        if raw.len() != out.len() {
-            return Err(unexpected(format!(
-                "decoded {} bytes where the region {start:?}..{stop:?} holds {}",
-                raw.len(),
-                out.len()
-            )));
-        }
-        out.copy_from_slice(&raw);
         self.snapshot.check(touched.iter().map(String::as_str))
     }
 
