@@ -356,14 +356,25 @@ impl ChunkService {
         // Within the plan the request came from, when it is remembered (`plans.rs`).
         let plan = self.plans.holding(id);
         let planned = |region: &Region| plan.as_ref().is_none_or(|plan| plan.contains(region));
-        for region in readahead::cells_ahead(grid, id.region(), window, present) {
+        // Cells up to `window` away are decoded ahead; the files of the next ones are asked
+        // of the disk now, so that their reads overlap the decodes before them.
+        let index = grid.cell_index(id.region());
+        let distance = |region: &Region| match (index, grid.cell_index(region)) {
+            (Some(a), Some(b)) => a.abs_diff(b),
+            _ => u64::MAX,
+        };
+        let mut to_prefetch = Vec::new();
+        for region in readahead::cells_ahead(grid, id.region(), window * 2 + 1, present) {
             if !planned(&region) {
                 continue;
             }
-            if let Ok(next) = chunk_of(&region) {
+            if distance(&region) > window {
+                to_prefetch.push(region);
+            } else if let Ok(next) = chunk_of(&region) {
                 self.decode_in_background(tensor, next);
             }
         }
+        prefetch_in_background(tensor, to_prefetch);
     }
 
     /// Starts decoding the two end cells of a plan just answered, before the client asks
@@ -390,6 +401,13 @@ impl ChunkService {
         // window needs (decision 0022, amended).
         let cheap = |id: &ChunkId| matches!(tensor.source.byte_range(id.region()), Ok(Some(_)));
         if !cheap(&first) || !cheap(&last) {
+            // Their files only: a disk read, no CPU taken from a viewer's window.
+            let ends = if first == last {
+                vec![first]
+            } else {
+                vec![first, last]
+            };
+            prefetch_in_background(tensor, ends.iter().map(|id| id.region().clone()).collect());
             return;
         }
         let same = first == last;
@@ -578,6 +596,23 @@ impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
+}
+
+/// Asks `tensor`'s source to start reading the files of `cells` ([`Source::prefetch`]) on a
+/// blocking thread (opening files and queueing their reads may wait on the disk); returns
+/// at once.
+///
+/// [`Source::prefetch`]: crate::source::Source::prefetch
+fn prefetch_in_background(tensor: &Arc<Tensor>, cells: Vec<Region>) {
+    if cells.is_empty() {
+        return;
+    }
+    let tensor = tensor.clone();
+    tokio::task::spawn_blocking(move || {
+        for cell in &cells {
+            tensor.source.prefetch(&cell.start, &cell.stop);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -131,6 +131,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Asks the operating system to start reading the files a later read of `start..stop`
+    /// will touch, and returns at once: the chunk service calls it for cells a sequential
+    /// reader will want after the ones being decoded, so their disk reads overlap those
+    /// decodes. By default nothing (a `.npy` region is one kernel copy, read when it is).
+    fn prefetch(&self, _start: &[u64], _stop: &[u64]) {}
+
     /// Reads the region `start..stop` (exclusive stop, per axis) into `out` in C order;
     /// `out` is exactly the region's bytes. Checks afterwards that the source is still the
     /// version it was opened at, so bytes of a changed source are never returned.

@@ -189,6 +189,13 @@ impl ZarrArray {
         }
     }
 
+    /// Starts reading the chunk files a read of `start..stop` touches.
+    fn prefetch_region(&self, start: &[u64], stop: &[u64]) {
+        let ranges: Vec<std::ops::Range<u64>> =
+            start.iter().zip(stop).map(|(a, b)| *a..*b).collect();
+        self.prefetch(&self.touched(&ArraySubset::new_with_ranges(&ranges)));
+    }
+
     /// The keys of `metadata_json` this array adds.
     pub fn metadata(&self) -> Map<String, Value> {
         let mut map = Map::new();
@@ -266,6 +273,10 @@ impl super::image::Dataset for ZarrArray {
         Ok(self.read_into(start, stop, out)?)
     }
 
+    fn prefetch(&self, start: &[u64], stop: &[u64]) {
+        self.prefetch_region(start, stop);
+    }
+
     fn image_version(&self) -> ContentVersion {
         ContentVersion::File(self.snapshot.version())
     }
@@ -321,6 +332,10 @@ impl Source for ZarrArray {
 
     fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
         Ok(self.read_into(start, stop, out)?)
+    }
+
+    fn prefetch(&self, start: &[u64], stop: &[u64]) {
+        self.prefetch_region(start, stop);
     }
 
     fn check_unchanged(&self) -> Result<(), SourceError> {

@@ -33,6 +33,8 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     fn metadata(&self) -> Map<String, Value>;
     /// Reads `start..stop` into `out` (C order).
     fn read(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError>;
+    /// Starts reading the files a read of `start..stop` touches ([`Source::prefetch`]).
+    fn prefetch(&self, _start: &[u64], _stop: &[u64]) {}
     /// The content version of the whole image the dataset belongs to.
     fn image_version(&self) -> ContentVersion;
     /// Whether the image's bytes are on this machine.
@@ -302,6 +304,10 @@ impl<D: Dataset> Source for OmeImage<D> {
 
     fn read_region(&self, start: &[u64], stop: &[u64], out: &mut [u8]) -> Result<(), SourceError> {
         self.level0.read(start, stop, out)
+    }
+
+    fn prefetch(&self, start: &[u64], stop: &[u64]) {
+        self.level0.prefetch(start, stop);
     }
 
     fn check_unchanged(&self) -> Result<(), SourceError> {
