@@ -12,7 +12,7 @@ interleaved (the order of the servers rotates each round); medians per row, and 
 Tessera row's ratio to biopb's server in the same mode.
 
     .venv/bin/python benches/first_plan.py [--bin target/debug/tessera] [--rounds 5]
-        [--config NAME='--mapped-chunk-target 16MiB' ...] [--modes doget,mmap] [--no-reference]
+        [--config NAME[@BINARY]='--mapped-chunk-target 16MiB' ...] [--modes doget,mmap] [--no-reference]
 """
 import argparse
 import json
@@ -99,8 +99,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default="/tmp/tessera-bench-firstplan")
     ap.add_argument("--config", action="append", default=[],
-                    help="NAME=ARGS: a Tessera configuration (extra serve arguments); "
-                         "default: one named 'tessera' with none")
+                    help="NAME[@BINARY]=ARGS: a Tessera configuration (extra serve arguments, "
+                         "and a binary other than --bin); default: one named 'tessera' with none")
     ap.add_argument("--modes", default="doget,mmap")
     ap.add_argument("--no-reference", action="store_true")
     args = ap.parse_args()
@@ -109,7 +109,8 @@ def main():
     configs = {}
     for spec in args.config or ["tessera="]:
         name, _, extra = spec.partition("=")
-        configs[name] = ("tessera", shlex.split(extra))
+        name, _, binary = name.partition("@")
+        configs[name] = ("tessera", (binary or args.bin, shlex.split(extra)))
     if not args.no_reference:
         ref = run.reference_module()
         configs["biopb"] = ("biopb", ref.ensure_installed())
@@ -128,7 +129,7 @@ def main():
                 scratch = work / "ref-scratch"
                 shutil.rmtree(cache, ignore_errors=True)
                 if kind == "tessera":
-                    server = run.Server(args.bin, [path], cache, extra)
+                    server = run.Server(extra[0], [path], cache, extra[1])
                     array_id = "s256"
                 else:
                     shutil.rmtree(scratch, ignore_errors=True)
