@@ -186,7 +186,11 @@ mod tests {
         let big = 64 << 20;
         assert_eq!(LoopbackPlans::Learn.coarse_target(big), LEARN_CELL_CAP);
         assert_eq!(LoopbackPlans::Learn.coarse_target(16 << 20), 16 << 20);
-        assert_eq!(LoopbackPlans::Learn.coarse_target(0), 0, "0 still means one grid");
+        assert_eq!(
+            LoopbackPlans::Learn.coarse_target(0),
+            0,
+            "0 still means one grid"
+        );
         assert_eq!(LoopbackPlans::Mapped.coarse_target(big), big);
         assert_eq!(LoopbackPlans::Socket.coarse_target(big), big);
     }
