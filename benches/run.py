@@ -33,7 +33,9 @@ beside Tessera's with the ratio Tessera / reference.
 Rows measured through a rate-limited link (network namespace, veth, tc tbf; needs root)
 live in their own scripts: benches/shaped.py (issue 33: DoGet at 1 and 10 Gbit/s,
 ``--wire-compression off`` beside ``auto``, microscopy-like u16, noise, labels, warm and
-cold), benches/objstore.py and benches/cluster.py.
+cold), benches/objstore.py and benches/cluster.py. The first plan of a fresh loopback
+client that never maps, and of one that maps, beside biopb's server (decision 0041), is
+benches/first_plan.py.
 """
 from __future__ import annotations
 

@@ -82,7 +82,8 @@ pub const MAX_CHUNK_BYTES: u64 = 67_108_864;
 pub const DEFAULT_TARGET_CHUNK_BYTES: u64 = 8 << 20;
 
 /// Default target of the grid a local client maps: the cap, so a read is a few mappings
-/// and a few dask tasks instead of one per 8 MiB (docs/decisions/0015).
+/// and a few dask tasks instead of one per 8 MiB (docs/decisions/0015). While loopback plans
+/// are learned, at most [`route::LEARN_CELL_CAP`] of it is used (docs/decisions/0041).
 pub const DEFAULT_MAPPED_CHUNK_BYTES: u64 = MAX_CHUNK_BYTES;
 
 /// A plane (the two fastest axes) at least this large is not merged with its neighbours

@@ -14,6 +14,8 @@
 //! ```
 //!
 //! `loopback_plans = "mapped"` or `"socket"` pins the loopback route instead of learning it.
+//! While learning, the coarse grid's cells are at most [`LEARN_CELL_CAP`]: a client's first
+//! plan is cut on it before the server can know whether the client maps (docs/decisions/0041).
 //! For one tensor, a loopback peer routed to the socket reads the coarse grid while only
 //! that one is cached (`ServiceState::route_for`, `chunks/regrid.rs`, docs/decisions/0023).
 //!
@@ -54,6 +56,31 @@ pub enum LoopbackPlans {
     Mapped,
     /// Always the fine grid: local clients read over the socket.
     Socket,
+}
+
+/// The largest cell of the coarse grid under `learn` (docs/decisions/0041): a loopback
+/// client's first plan lands on that grid before anything tells whether the client maps, and
+/// a client that reads it over DoGet (pyarrow, the biopb client with
+/// `BIOPB_CACHEFILE_TRANSFER_DISABLED=1`, a proxy) gathers each reply into one contiguous
+/// allocation. glibc serves an allocation of 32 MiB or more (its largest mmap threshold) with
+/// a fresh mapping every time, so each such reply faults in and zeroes new pages; cells of at
+/// most 24 MiB keep a reply and its framing under that line, where the client's allocator
+/// reuses memory.
+pub const LEARN_CELL_CAP: u64 = 24 << 20;
+
+// A capped reply and its framing (under 1 MiB) stay below glibc's 32 MiB threshold.
+const _: () = assert!(LEARN_CELL_CAP + (1 << 20) < 32 << 20);
+
+impl LoopbackPlans {
+    /// The target of the coarse grid under this policy, given `--mapped-chunk-target`: under
+    /// `learn` at most [`LEARN_CELL_CAP`], since the first plan of a client that never maps
+    /// is cut on it; `mapped` (every local client maps) and `socket` take it as it is.
+    pub fn coarse_target(self, mapped_target: u64) -> u64 {
+        match self {
+            Self::Learn => mapped_target.min(LEARN_CELL_CAP),
+            Self::Mapped | Self::Socket => mapped_target,
+        }
+    }
 }
 
 /// Picks the route of each plan and learns from loopback readers that do not map.
@@ -152,6 +179,20 @@ mod tests {
         assert_eq!(planner.route(true, true), Route::Socket);
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(planner.route(true, true), Route::Mapped);
+    }
+
+    #[test]
+    fn learning_caps_the_coarse_cells_a_first_plan_may_hand_out() {
+        let big = 64 << 20;
+        assert_eq!(LoopbackPlans::Learn.coarse_target(big), LEARN_CELL_CAP);
+        assert_eq!(LoopbackPlans::Learn.coarse_target(16 << 20), 16 << 20);
+        assert_eq!(
+            LoopbackPlans::Learn.coarse_target(0),
+            0,
+            "0 still means one grid"
+        );
+        assert_eq!(LoopbackPlans::Mapped.coarse_target(big), big);
+        assert_eq!(LoopbackPlans::Socket.coarse_target(big), big);
     }
 
     #[test]

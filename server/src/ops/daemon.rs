@@ -197,7 +197,9 @@ impl Daemon {
         let options = OpenOptions {
             limits: Limits::default(),
             target_chunk_bytes: chunks.chunk_target.get(),
-            mapped_chunk_bytes: chunks.mapped_chunk_target.get(),
+            mapped_chunk_bytes: chunks
+                .loopback_plans
+                .coarse_target(chunks.mapped_chunk_target.get()),
             follow_links_outside: sources.follow_links_outside,
             max_sources: sources.max_sources,
         };

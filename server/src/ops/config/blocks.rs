@@ -189,8 +189,8 @@ settings_block! {
         #[arg(long, env = "TESSERA_CHUNK_TARGET", value_name = "SIZE")]
         chunk_target: Size = Size::bytes(DEFAULT_TARGET_CHUNK_BYTES),
         /// Target chunk size of plans for loopback clients while the file cache can be mapped:
-        /// fewer, larger chunks for the mmap route; 0 plans every read on --chunk-target's grid
-        /// [default: 64MiB].
+        /// fewer, larger chunks for the mmap route (at most 24MiB of it with --loopback-plans
+        /// learn); 0 plans every read on --chunk-target's grid [default: 64MiB].
         #[arg(long, env = "TESSERA_MAPPED_CHUNK_TARGET", value_name = "SIZE")]
         mapped_chunk_target: Size = Size::bytes(DEFAULT_MAPPED_CHUNK_BYTES),
         /// Grid of plans for loopback clients: `learn` plans them on --mapped-chunk-target's grid
