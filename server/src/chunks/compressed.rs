@@ -348,7 +348,8 @@ impl Kept {
 
 /// The most compression could gain on one tensor's pixel chunks judged so far: the best
 /// ratio any of them showed (sampled or compressed; 1 for those declined) and the fastest
-/// decode the rule credited any of them with. A peer whose rate makes even a kept body of
+/// decode any of them was measured at (a sample's zstd-only rate, above what the rule
+/// credits, or the measured whole-chunk one). A peer whose rate makes even a kept body of
 /// that ratio not pay gets the tensor's chunks raw without a lookup ([`WireBodies::may_compress`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Ceiling {
@@ -464,6 +465,29 @@ impl WireBodies {
         }
     }
 
+    /// The IPC options of a table reply (a catalog answer, a ROI read) to a peer: its
+    /// buffers zstd-compressed never under `off`, always under `zstd`, and under `auto` to
+    /// every peer not on loopback (tables are small and their ids, paths and coordinates
+    /// shrink well: no rate rule, docs/decisions/0039 item 11); `true` second when they are.
+    pub fn table_options(&self, loopback: bool) -> (IpcWriteOptions, bool) {
+        let compress = match self.mode {
+            WireCompression::Off => false,
+            WireCompression::Auto => !loopback,
+            WireCompression::Zstd => true,
+        };
+        let zstd = IpcWriteOptions::default()
+            .try_with_compression(Some(CompressionType::ZSTD))
+            .and_then(|o| o.try_with_compression_level(Some(ZSTD_LEVEL)));
+        match zstd {
+            Ok(options) if compress => (options, true),
+            Ok(_) => (IpcWriteOptions::default(), false),
+            Err(err) => {
+                tracing::error!(error = %err, "a table reply is sent raw: zstd buffer compression is not available");
+                (IpcWriteOptions::default(), false)
+            }
+        }
+    }
+
     /// `tensor`'s ceiling, if any of its pixel chunks was judged.
     fn ceiling(&self, tensor: &str) -> Option<Ceiling> {
         self.ceilings.lock().ok()?.get(tensor).copied()
@@ -547,7 +571,14 @@ impl WireBodies {
                     .decode
                     .unwrap_or(sampled.decode_rate * SAMPLE_TO_WHOLE),
             };
-            self.raise_ceiling(tensor, costs.ratio, costs.decode_rate);
+            // The sample's own decode rate, not the half the rule credits: zstd alone on a
+            // window outruns a whole chunk's decode, so a later measured one stays below it
+            // and an estimate taken while the server was busy does not shut the tensor out.
+            self.raise_ceiling(
+                tensor,
+                costs.ratio,
+                sampled.decode_rate.max(costs.decode_rate),
+            );
             if !pays(delivery_rate, costs) {
                 self.keep(key, Kept::Sampled(sampled));
                 // Not now, but a kept body would pay on this link: compress it after this
