@@ -1125,6 +1125,31 @@ mod tests {
     }
 
     #[test]
+    fn tables_go_compressed_to_peers_off_loopback_under_auto() {
+        let compressed = |mode, loopback| {
+            let (options, yes) = WireBodies::new(mode, 1 << 20).table_options(loopback);
+            // What the options write: a batch message whose header names zstd, or none.
+            let batch = batch_of(&raw_chunk(&labels(1 << 16)), &schema()).unwrap();
+            let (_, encoded) = IpcDataGenerator::default()
+                .encode(
+                    &batch,
+                    &mut DictionaryTracker::new(false),
+                    &options,
+                    &mut IpcWriteContext::default(),
+                )
+                .unwrap();
+            let message = arrow_ipc::root_as_message(&encoded.ipc_message).unwrap();
+            let codec = message.header_as_record_batch().unwrap().compression();
+            assert_eq!(codec.map(|c| c.codec()), yes.then_some(CompressionType::ZSTD));
+            yes
+        };
+        assert!(compressed(WireCompression::Auto, false));
+        assert!(!compressed(WireCompression::Auto, true));
+        assert!(!compressed(WireCompression::Off, false));
+        assert!(compressed(WireCompression::Zstd, true));
+    }
+
+    #[test]
     fn the_sample_measures_ratio_and_speed() {
         let packed = sample(&labels(1 << 20));
         assert!(packed.ratio > 20.0, "{packed:?}");
