@@ -1140,7 +1140,10 @@ mod tests {
                 .unwrap();
             let message = arrow_ipc::root_as_message(&encoded.ipc_message).unwrap();
             let codec = message.header_as_record_batch().unwrap().compression();
-            assert_eq!(codec.map(|c| c.codec()), yes.then_some(CompressionType::ZSTD));
+            assert_eq!(
+                codec.map(|c| c.codec()),
+                yes.then_some(CompressionType::ZSTD)
+            );
             yes
         };
         assert!(compressed(WireCompression::Auto, false));
