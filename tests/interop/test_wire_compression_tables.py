@@ -100,8 +100,11 @@ def files(tmp_path):
 def test_catalog_and_roi_replies_are_compressed_to_a_peer_off_loopback(start_server, files, veth):
     ns, host_ip, _, _ = veth
     interface = host_interface(host_ip)
-    expected_catalog = [{"source_id": p.stem, "source_url": p.resolve().as_uri()}
-                        for p in sorted(files.glob("*.npy"))]
+    # The files, and the scratch source of uploads (`serve` starts the server writable).
+    expected_catalog = sorted(
+        [{"source_id": p.stem, "source_url": p.resolve().as_uri()} for p in files.glob("*.npy")]
+        + [{"source_id": "scratch", "source_url": "scratch://"}],
+        key=lambda row: row["source_id"])
     roi_bytes = {}
     for mode, encoding in (("auto", "zstd"), ("off", "raw")):
         server = serve(start_server, files, host_ip, mode=mode)
