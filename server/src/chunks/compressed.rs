@@ -15,9 +15,14 @@
 //! ratio, the measured compression throughput (nothing when a body is kept) and the
 //! measured decode throughput (the client's cost, judged by the server's own checking
 //! decode). No measurement yet: raw. Label sets always go compressed to peers off loopback.
+//! Before any of that, [`WireBodies::may_compress`] sends a pixel reply by the `off` path
+//! (no checksum, no lookup, no blocking-pool hop) to a peer not measured yet, or one too
+//! fast for even a kept body of the best ratio the tensor showed so far (its [`Ceiling`]).
+//! Table replies (catalog answers, ROI reads) follow [`WireBodies::table_options`]: zstd
+//! buffers to every peer off loopback under `auto`, no rate rule.
 //!
 //! ```text
-//!  raw chunk ─▶ rule (mode, loopback peer) ─▶ raw: served as it is
+//!  raw chunk ─▶ may_compress (mode, loopback peer, rate, tensor's ceiling) ─▶ raw, as `off`
 //!                 │ may compress
 //!                 ▼
 //!  kept? (chunk id, crc32c) ─▶ declined (does not shrink) ─▶ raw
