@@ -470,25 +470,27 @@ impl WireBodies {
         }
     }
 
-    /// The IPC options of a table reply (a catalog answer, a ROI read) to a peer: its
-    /// buffers zstd-compressed never under `off`, always under `zstd`, and under `auto` to
-    /// every peer not on loopback (tables are small and their ids, paths and coordinates
-    /// shrink well: no rate rule, docs/decisions/0039 item 11); `true` second when they are.
-    pub fn table_options(&self, loopback: bool) -> (IpcWriteOptions, bool) {
+    /// The IPC options of a table reply (a catalog answer, a ROI read) to a peer, and the
+    /// encoding they give: its buffers zstd-compressed never under `off`, always under
+    /// `zstd`, and under `auto` to every peer not on loopback (tables are small and their
+    /// ids, paths and geometry shrink well: no rate rule, docs/decisions/0039 item 11).
+    pub fn table_options(&self, loopback: bool) -> (IpcWriteOptions, BodyEncoding) {
         let compress = match self.mode {
             WireCompression::Off => false,
             WireCompression::Auto => !loopback,
             WireCompression::Zstd => true,
         };
-        let zstd = IpcWriteOptions::default()
+        if !compress {
+            return (IpcWriteOptions::default(), BodyEncoding::Raw);
+        }
+        match IpcWriteOptions::default()
             .try_with_compression(Some(CompressionType::ZSTD))
-            .and_then(|o| o.try_with_compression_level(Some(ZSTD_LEVEL)));
-        match zstd {
-            Ok(options) if compress => (options, true),
-            Ok(_) => (IpcWriteOptions::default(), false),
+            .and_then(|o| o.try_with_compression_level(Some(ZSTD_LEVEL)))
+        {
+            Ok(options) => (options, BodyEncoding::Zstd),
             Err(err) => {
                 tracing::error!(error = %err, "a table reply is sent raw: zstd buffer compression is not available");
-                (IpcWriteOptions::default(), false)
+                (IpcWriteOptions::default(), BodyEncoding::Raw)
             }
         }
     }
@@ -1132,7 +1134,8 @@ mod tests {
     #[test]
     fn tables_go_compressed_to_peers_off_loopback_under_auto() {
         let compressed = |mode, loopback| {
-            let (options, yes) = WireBodies::new(mode, 1 << 20).table_options(loopback);
+            let (options, encoding) = WireBodies::new(mode, 1 << 20).table_options(loopback);
+            let yes = encoding == BodyEncoding::Zstd;
             // What the options write: a batch message whose header names zstd, or none.
             let batch = batch_of(&raw_chunk(&labels(1 << 16)), &schema()).unwrap();
             let (_, encoded) = IpcDataGenerator::default()

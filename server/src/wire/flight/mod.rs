@@ -40,7 +40,6 @@ use tessera_proto::ticket::decode_flight_request;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog;
-use crate::chunks::BodyEncoding;
 use crate::error::{Fault, NotServed, RequestError, ServiceError, ServiceResult};
 use crate::grid::chunk_id::ChunkId;
 use crate::grid::route::Route;
@@ -347,16 +346,11 @@ impl FlightService for TesseraFlight {
         let peer = Peer::of(request.extensions());
         let connection = peer.map(|peer| Arc::clone(&peer.connection));
         // Tables go zstd-compressed to peers `--wire-compression` says (docs/decisions/0039).
-        let (options, compressed) = self
+        let (options, encoding) = self
             .state
             .chunks()
             .wire_bodies()
             .table_options(peer.is_some_and(Peer::is_loopback));
-        let encoding = if compressed {
-            BodyEncoding::Zstd
-        } else {
-            BodyEncoding::Raw
-        };
         if let Some(RoiReadTicket(read)) = request.extensions().get::<RoiReadTicket>().cloned() {
             let (stream, bytes) = roi::read(&self.state, read, options).await?;
             self.state
