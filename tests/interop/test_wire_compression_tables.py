@@ -10,7 +10,6 @@ be exactly what was filed (the catalog rows the files make, the ROIs the puts st
 server's `tessera_table_replies_total{table,encoding}` must name zstd for `auto` and raw for
 `off`, and the ROI reply must cross the veth in fewer bytes from `auto` than from `off`."""
 import json
-import os
 import subprocess
 import sys
 import urllib.request
