@@ -29,6 +29,10 @@ MiB/s of decoded tensor, the ratio to the link rate (1 Gbit/s = 119.2 MiB/s), th
 server sent (``tessera_do_get_body_bytes_total``), server CPU (``/proc/PID/stat``) and
 client CPU (``getrusage`` of the client process) per read. A plain TCP row (one Python
 socket connection from this namespace into the client's) gives each link's ceiling.
+After the table, per link and tensor, `auto`'s wall and server CPU over `off`'s per round
+(the two read back to back in each round; median and range of the ratios): the comparison
+least moved by other load on a shared machine. ``--modes off,auto`` runs those two servers
+only.
 With ``--pyarrow``, warm rows of pyarrow's own ``do_get(...).read_all()`` of the same chunks
 (2 threads, nothing assembled) beside biopb's: the link and the server without the client's
 handling.
@@ -398,7 +402,9 @@ def run(args) -> list:
                             med = {k: statistics.median(r[k] for r in warm[mode])
                                    for k in ("wall", "cpu", "server_cpu", "sent")}
                             rows.append({"link": gbit, "tensor": tensor, "mode": mode,
-                                         "cold": cold[mode], "warm": med})
+                                         "cold": cold[mode], "warm": med,
+                                         "rounds": [r["wall"] for r in warm[mode]],
+                                         "server_cpu_rounds": [r["server_cpu"] for r in warm[mode]]})
                             print(json.dumps(rows[-1]), flush=True)
                         if args.pyarrow:
                             warm = {mode: [] for mode in MODES}
@@ -409,7 +415,9 @@ def run(args) -> list:
                                 med = {k: statistics.median(r[k] for r in warm[mode])
                                        for k in ("wall", "cpu", "server_cpu", "sent")}
                                 rows.append({"link": gbit, "tensor": f"{tensor} (pyarrow do_get, 2 threads)",
-                                             "mode": mode, "cold": None, "warm": med})
+                                             "mode": mode, "cold": None, "warm": med,
+                                             "rounds": [r["wall"] for r in warm[mode]],
+                                             "server_cpu_rounds": [r["server_cpu"] for r in warm[mode]]})
                 finally:
                     for server in servers.values():
                         server.stop()
@@ -451,6 +459,7 @@ def table(rows, nbytes) -> str:
 
 
 def main():
+    global MODES
     if "--worker" in sys.argv:
         worker_main()
         return
@@ -468,7 +477,10 @@ def main():
     ap.add_argument("--reference", action="store_true", help="also biopb's own server "
                     "(benches/reference/setup.sh installs it) on the same bytes of micro and noise")
     ap.add_argument("--tbf-latency", default="100ms", help="the token bucket's queue, as time")
+    ap.add_argument("--modes", default=",".join(MODES), help="the servers' --wire-compression "
+                    "modes, of off, auto, zstd (one server each, alternating in every round)")
     args = ap.parse_args()
+    MODES = tuple(args.modes.split(","))
     args.tensors = args.tensors.split(",")
     args.links = [x if x == LOOPBACK else int(x) for x in args.links.split(",")]
     work = pathlib.Path(args.work)
@@ -482,6 +494,24 @@ def main():
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"\n{nbytes / MiB:.0f} MiB per tensor; warm = median of {args.reps}; binary {args.bin}")
     print(table(rows, nbytes))
+    print(paired(rows))
+
+
+def paired(rows) -> str:
+    """Per round, `auto`'s wall over `off`'s (the two servers read back to back in each
+    round): the median and range of those ratios, per link and tensor."""
+    out = ["\n| link | tensor | auto/off wall per round: median (range) | auto/off server CPU per round: median |",
+           "|---|---|---:|---:|"]
+    by = {(r["link"], r["tensor"], r["mode"]): r for r in rows if "rounds" in r}
+    for (link, tensor, mode), row in by.items():
+        off = by.get((link, tensor, "off"))
+        if mode != "auto" or off is None:
+            continue
+        walls = [a / o for a, o in zip(row["rounds"], off["rounds"])]
+        cpus = [a / o for a, o in zip(row["server_cpu_rounds"], off["server_cpu_rounds"]) if o > 0]
+        cpu = f"{statistics.median(cpus):.2f}" if cpus else "-"
+        out.append(f"| {link} | {tensor} | {statistics.median(walls):.2f} ({min(walls):.2f}–{max(walls):.2f}) | {cpu} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

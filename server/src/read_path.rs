@@ -198,28 +198,35 @@ impl<'a> ReadPath<'a> {
             TensorKind::Pixels
         };
         let loopback = link.loopback;
+        // Decided before anything is looked up: a reply the rule cannot compress for this
+        // peer takes the `off` path (no checksum, no blocking-pool hop).
+        let array_id = wire
+            .may_compress(id.array_id(), kind, link)
+            .then(|| id.array_id().to_string());
         let raw = self.encoded(tensor, id, loopback).await?;
-        let (chunk, encoding) = if wire.may_compress(loopback) {
+        let (chunk, encoding) = if let Some(array_id) = array_id {
             let key = chunk_id.to_vec();
             let fallback = raw.clone();
             let rate = link.delivery_rate;
             let replied = {
                 let wire = Arc::clone(&wire);
                 tokio::task::spawn_blocking(move || {
-                    let reply = wire.reply(&key, kind, raw.clone(), rate);
-                    (reply, key, raw)
+                    let reply = wire.reply(&array_id, &key, kind, raw.clone(), rate);
+                    (reply, array_id, key, raw)
                 })
                 .await
             };
             match replied {
-                Ok((Ok((chunk, encoding, later)), key, raw)) => {
+                Ok((Ok((chunk, encoding, later)), array_id, key, raw)) => {
                     if later {
                         // Compressed after this reply, for the next (one at a time).
-                        tokio::task::spawn_blocking(move || wire.compress_later(&key, kind, raw));
+                        tokio::task::spawn_blocking(move || {
+                            wire.compress_later(&array_id, &key, kind, raw)
+                        });
                     }
                     (chunk, encoding)
                 }
-                Ok((Err(err), _, _)) => {
+                Ok((Err(err), ..)) => {
                     tracing::error!(error = %err, "a chunk reply is sent raw: its zstd body failed");
                     (fallback, BodyEncoding::Raw)
                 }

@@ -102,11 +102,11 @@ def data(tmp_path):
     return d, tmp_path / "labels.npy"
 
 
-def serve(start_server, directory, host_ip):
+def serve(start_server, directory, host_ip, mode="auto"):
     metrics_port = free_port()
     server = start_server(
         directory,
-        extra=("--writable", "--wire-compression", "auto", "--chunk-target", "1MiB",
+        extra=("--writable", "--wire-compression", mode, "--chunk-target", "1MiB",
                "--label-tensors", "seg_*", "--metrics-listen", f"127.0.0.1:{metrics_port}"),
         env={"TESSERA_TOKEN": TOKEN},
         listen=f"{host_ip}:0",

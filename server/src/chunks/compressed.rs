@@ -15,9 +15,14 @@
 //! ratio, the measured compression throughput (nothing when a body is kept) and the
 //! measured decode throughput (the client's cost, judged by the server's own checking
 //! decode). No measurement yet: raw. Label sets always go compressed to peers off loopback.
+//! Before any of that, [`WireBodies::may_compress`] sends a pixel reply by the `off` path
+//! (no checksum, no lookup, no blocking-pool hop) to a peer not measured yet, or one too
+//! fast for even a kept body of the best ratio the tensor showed so far (its [`Ceiling`]).
+//! Table replies (catalog answers, ROI reads) follow [`WireBodies::table_options`]: zstd
+//! buffers to every peer off loopback under `auto`, no rate rule.
 //!
 //! ```text
-//!  raw chunk ─▶ rule (mode, loopback peer) ─▶ raw: served as it is
+//!  raw chunk ─▶ may_compress (mode, loopback peer, rate, tensor's ceiling) ─▶ raw, as `off`
 //!                 │ may compress
 //!                 ▼
 //!  kept? (chunk id, crc32c) ─▶ declined (does not shrink) ─▶ raw
@@ -32,6 +37,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,6 +73,8 @@ const MARGIN: f64 = 1.15;
 const SAMPLE_TO_WHOLE: f64 = 0.5;
 /// Weight of a new measurement in the throughputs' moving averages.
 const SPEED_WEIGHT: f64 = 0.25;
+/// Tensors whose [`Ceiling`] is remembered (least recently asked forgotten first).
+const CEILINGS_REMEMBERED: usize = 4096;
 
 /// When chunk replies carry zstd-compressed buffers (`wire_compression`,
 /// `--wire-compression`).
@@ -343,6 +351,17 @@ impl Kept {
     }
 }
 
+/// The most compression could gain on one tensor's pixel chunks judged so far: the best
+/// ratio any of them showed (sampled or compressed; 1 for those declined) and the fastest
+/// decode any of them was measured at (a sample's zstd-only rate, above what the rule
+/// credits, or the measured whole-chunk one). A peer whose rate makes even a kept body of
+/// that ratio not pay gets the tensor's chunks raw without a lookup ([`WireBodies::may_compress`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ceiling {
+    ratio: f64,
+    decode: f64,
+}
+
 /// A chunk id and the crc32c of the raw body it names.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct BodyKey(Vec<u8>, u32);
@@ -362,6 +381,8 @@ pub struct WireBodies {
     held: Mutex<Held>,
     speeds: Mutex<Speeds>,
     labels: LabelTensors,
+    /// Each tensor's [`Ceiling`], by array id.
+    ceilings: Mutex<LruCache<String, Ceiling>>,
     /// A [`WireBodies::compress_later`] is running.
     later: AtomicBool,
 }
@@ -394,6 +415,9 @@ impl WireBodies {
             }),
             speeds: Mutex::new(Speeds::default()),
             labels: LabelTensors::default(),
+            ceilings: Mutex::new(LruCache::new(
+                NonZeroUsize::new(CEILINGS_REMEMBERED).unwrap_or(NonZeroUsize::MIN),
+            )),
             later: AtomicBool::new(false),
         }
     }
@@ -409,24 +433,100 @@ impl WireBodies {
         &self.labels
     }
 
-    /// Whether a reply to a peer may be compressed at all: not with `off`, and not to a
-    /// loopback peer under `auto` (which then pays nothing, not even a checksum).
-    pub fn may_compress(&self, loopback: bool) -> bool {
+    /// Whether a reply of a chunk of `tensor` (of `kind`) to a peer may be compressed at
+    /// all; when not, the caller sends the raw chunk as `off` does: no lookup, no checksum,
+    /// no blocking-pool hop, nothing compressed after it. Never with `off`, always with
+    /// `zstd`. Under `auto`: never to a loopback peer; always for labels; for pixels, not
+    /// while the peer's rate is unmeasured (the rule would send raw) nor when the rate is
+    /// so high that a kept body of the best ratio any of the tensor's chunks showed would
+    /// not pay (nor, then, would compressing one now: it costs more). A tensor none of
+    /// whose chunks was judged yet may be compressed (its first replies sample it).
+    pub fn may_compress(&self, tensor: &str, kind: TensorKind, link: PeerLink) -> bool {
         match self.mode {
             WireCompression::Off => false,
-            WireCompression::Auto => !loopback,
             WireCompression::Zstd => true,
+            WireCompression::Auto if link.loopback => false,
+            WireCompression::Auto if kind == TensorKind::Labels => true,
+            WireCompression::Auto => {
+                if link.delivery_rate.is_none() {
+                    return false;
+                }
+                let Some(ceiling) = self.ceiling(tensor) else {
+                    return true;
+                };
+                let decode = self
+                    .speeds()
+                    .decode
+                    .map_or(ceiling.decode, |d| d.max(ceiling.decode));
+                pays(
+                    link.delivery_rate,
+                    Costs {
+                        ratio: ceiling.ratio,
+                        compress_rate: None,
+                        decode_rate: decode,
+                    },
+                )
+            }
         }
     }
 
-    /// The reply body for `raw`, the chunk `chunk_id` names, of a tensor of `kind`, to a
-    /// peer [`Self::may_compress`] allowed whose connection delivers `delivery_rate` bytes
-    /// per second (if measured): the kept compressed body, or one compressed now, or the
-    /// raw chunk when the rule declines; `true` third when a kept body would pay on this
-    /// link though compressing it now does not ([`Self::compress_later`]). Compresses on
-    /// the calling thread (call it on the blocking pool).
+    /// The IPC options of a table reply (a catalog answer, a ROI read) to a peer, and the
+    /// encoding they give: its buffers zstd-compressed never under `off`, always under
+    /// `zstd`, and under `auto` to every peer not on loopback (tables are small and their
+    /// ids, paths and geometry shrink well: no rate rule, docs/decisions/0039 item 11).
+    pub fn table_options(&self, loopback: bool) -> (IpcWriteOptions, BodyEncoding) {
+        let compress = match self.mode {
+            WireCompression::Off => false,
+            WireCompression::Auto => !loopback,
+            WireCompression::Zstd => true,
+        };
+        if !compress {
+            return (IpcWriteOptions::default(), BodyEncoding::Raw);
+        }
+        match IpcWriteOptions::default()
+            .try_with_compression(Some(CompressionType::ZSTD))
+            .and_then(|o| o.try_with_compression_level(Some(ZSTD_LEVEL)))
+        {
+            Ok(options) => (options, BodyEncoding::Zstd),
+            Err(err) => {
+                tracing::error!(error = %err, "a table reply is sent raw: zstd buffer compression is not available");
+                (IpcWriteOptions::default(), BodyEncoding::Raw)
+            }
+        }
+    }
+
+    /// `tensor`'s ceiling, if any of its pixel chunks was judged.
+    fn ceiling(&self, tensor: &str) -> Option<Ceiling> {
+        self.ceilings.lock().ok()?.get(tensor).copied()
+    }
+
+    /// Raises `tensor`'s ceiling to a chunk judged at `ratio`, credited with `decode`.
+    fn raise_ceiling(&self, tensor: &str, ratio: f64, decode: f64) {
+        let Ok(mut ceilings) = self.ceilings.lock() else {
+            return;
+        };
+        let raised = match ceilings.get(tensor) {
+            Some(old) => Ceiling {
+                ratio: old.ratio.max(ratio),
+                decode: old.decode.max(decode),
+            },
+            None => Ceiling { ratio, decode },
+        };
+        if ceilings.get(tensor) != Some(&raised) {
+            ceilings.put(tensor.to_string(), raised);
+        }
+    }
+
+    /// The reply body for `raw`, the chunk `chunk_id` of `tensor` names, of a tensor of
+    /// `kind`, to a peer [`Self::may_compress`] allowed whose connection delivers
+    /// `delivery_rate` bytes per second (if measured): the kept compressed body, or one
+    /// compressed now, or the raw chunk when the rule declines; `true` third when a kept body
+    /// would pay on this link though compressing it now does not ([`Self::compress_later`]).
+    /// Under `auto` a pixel chunk judged raises the tensor's ceiling. Compresses on the
+    /// calling thread (call it on the blocking pool).
     pub fn reply(
         &self,
+        tensor: &str,
         chunk_id: &[u8],
         kind: TensorKind,
         raw: EncodedChunk,
@@ -436,13 +536,21 @@ impl WireBodies {
         let judged = self.mode == WireCompression::Auto && kind == TensorKind::Pixels;
         let speeds = self.speeds();
         let sampled = match self.lookup(&key) {
-            Some(Kept::Declined) => return Ok((raw, BodyEncoding::Raw, false)),
+            Some(Kept::Declined) => {
+                if judged {
+                    self.raise_ceiling(tensor, 1.0, 0.0);
+                }
+                return Ok((raw, BodyEncoding::Raw, false));
+            }
             Some(Kept::Compressed(chunk, ratio)) => {
                 let costs = Costs {
                     ratio,
                     compress_rate: None,
                     decode_rate: speeds.decode.unwrap_or(f64::INFINITY),
                 };
+                if judged {
+                    self.raise_ceiling(tensor, ratio, costs.decode_rate);
+                }
                 return Ok(if !judged || pays(delivery_rate, costs) {
                     (chunk, BodyEncoding::Zstd, false)
                 } else {
@@ -455,6 +563,7 @@ impl WireBodies {
         if judged {
             let sampled = sampled.unwrap_or_else(|| sample(&raw.body));
             if sampled.ratio < MIN_RATIO {
+                self.raise_ceiling(tensor, 1.0, 0.0);
                 self.keep(key, Kept::Declined);
                 return Ok((raw, BodyEncoding::Raw, false));
             }
@@ -469,6 +578,14 @@ impl WireBodies {
                     .decode
                     .unwrap_or(sampled.decode_rate * SAMPLE_TO_WHOLE),
             };
+            // The sample's own decode rate, not the half the rule credits: zstd alone on a
+            // window outruns a whole chunk's decode, so a later measured one stays below it
+            // and an estimate taken while the server was busy does not shut the tensor out.
+            self.raise_ceiling(
+                tensor,
+                costs.ratio,
+                sampled.decode_rate.max(costs.decode_rate),
+            );
             if !pays(delivery_rate, costs) {
                 self.keep(key, Kept::Sampled(sampled));
                 // Not now, but a kept body would pay on this link: compress it after this
@@ -483,14 +600,20 @@ impl WireBodies {
                 return Ok((raw, BodyEncoding::Raw, later));
             }
         }
-        let (chunk, encoding) = self.compress_and_keep(key, kind, raw)?;
+        let (chunk, encoding) = self.compress_and_keep(tensor, key, kind, raw)?;
         Ok((chunk, encoding, false))
     }
 
     /// Compresses a chunk [`Self::reply`] sent raw but asked to be compressed later, and
     /// keeps its body for the next reply; one at a time (another asked meanwhile is left for
     /// a later reply to ask again), so the server spends at most one blocking thread on it.
-    pub fn compress_later(&self, chunk_id: &[u8], kind: TensorKind, raw: EncodedChunk) {
+    pub fn compress_later(
+        &self,
+        tensor: &str,
+        chunk_id: &[u8],
+        kind: TensorKind,
+        raw: EncodedChunk,
+    ) {
         if self
             .later
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
@@ -499,7 +622,7 @@ impl WireBodies {
             return;
         }
         let key = BodyKey(chunk_id.to_vec(), crc32c::crc32c(&raw.body));
-        if let Err(err) = self.compress_and_keep(key, kind, raw) {
+        if let Err(err) = self.compress_and_keep(tensor, key, kind, raw) {
             tracing::warn!(error = %err, "compressing a chunk for later replies failed; it is sent raw");
         }
         self.later.store(false, Ordering::Release);
@@ -509,6 +632,7 @@ impl WireBodies {
     /// verdict, under `auto`, when it is no smaller).
     fn compress_and_keep(
         &self,
+        tensor: &str,
         key: BodyKey,
         kind: TensorKind,
         raw: EncodedChunk,
@@ -525,6 +649,10 @@ impl WireBodies {
             return Ok((raw, BodyEncoding::Raw));
         }
         let ratio = raw.len() as f64 / compressed.len().max(1) as f64;
+        if self.mode == WireCompression::Auto && kind == TensorKind::Pixels {
+            let decode = self.speeds().decode.unwrap_or(f64::INFINITY);
+            self.raise_ceiling(tensor, ratio, decode);
+        }
         self.keep(key, Kept::Compressed(compressed.clone(), ratio));
         Ok((compressed, BodyEncoding::Zstd))
     }
@@ -724,34 +852,75 @@ mod tests {
     #[test]
     fn the_rule_follows_the_mode_the_peer_and_the_sample() {
         let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
-        assert!(!auto.may_compress(true));
-        assert!(auto.may_compress(false));
-        assert!(!WireBodies::new(WireCompression::Off, 1 << 20).may_compress(false));
-        assert!(WireBodies::new(WireCompression::Zstd, 1 << 20).may_compress(true));
+        let remote = PeerLink {
+            loopback: false,
+            delivery_rate: Some(1e6),
+        };
+        let local = PeerLink {
+            loopback: true,
+            ..remote
+        };
+        let pixels = TensorKind::Pixels;
+        assert!(!auto.may_compress("t", pixels, local));
+        assert!(auto.may_compress("t", pixels, remote));
+        let off = WireBodies::new(WireCompression::Off, 1 << 20);
+        assert!(!off.may_compress("t", TensorKind::Labels, remote));
+        let zstd = WireBodies::new(WireCompression::Zstd, 1 << 20);
+        assert!(zstd.may_compress("t", pixels, local));
         let slow = Some(1e6);
         let (_, enc, _) = auto
-            .reply(b"a", TensorKind::Pixels, raw_chunk(&noise(1 << 20)), slow)
+            .reply(
+                "t",
+                b"a",
+                TensorKind::Pixels,
+                raw_chunk(&noise(1 << 20)),
+                slow,
+            )
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         let (_, enc, _) = auto
-            .reply(b"b", TensorKind::Pixels, raw_chunk(&labels(1 << 20)), slow)
+            .reply(
+                "t",
+                b"b",
+                TensorKind::Pixels,
+                raw_chunk(&labels(1 << 20)),
+                slow,
+            )
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         // Labels go compressed whatever the link, measured or not.
         for rate in [None, Some(1e13)] {
             let (_, enc, _) = auto
-                .reply(b"c", TensorKind::Labels, raw_chunk(&labels(1 << 20)), rate)
+                .reply(
+                    "t",
+                    b"c",
+                    TensorKind::Labels,
+                    raw_chunk(&labels(1 << 20)),
+                    rate,
+                )
                 .unwrap();
             assert_eq!(enc, BodyEncoding::Zstd);
         }
         // Labels whose bytes do not shrink at all stay raw under auto, not under zstd.
         let (_, enc, _) = auto
-            .reply(b"d", TensorKind::Labels, raw_chunk(&noise(1 << 16)), slow)
+            .reply(
+                "t",
+                b"d",
+                TensorKind::Labels,
+                raw_chunk(&noise(1 << 16)),
+                slow,
+            )
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         let zstd = WireBodies::new(WireCompression::Zstd, 64 << 20);
         let (_, enc, _) = zstd
-            .reply(b"d", TensorKind::Pixels, raw_chunk(&noise(1 << 16)), None)
+            .reply(
+                "t",
+                b"d",
+                TensorKind::Pixels,
+                raw_chunk(&noise(1 << 16)),
+                None,
+            )
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
     }
@@ -762,7 +931,7 @@ mod tests {
         for i in 0..40u8 {
             let data = noise(8 << 10);
             let (chunk, _, _) = bodies
-                .reply(&[i], TensorKind::Pixels, raw_chunk(&data), None)
+                .reply("t", &[i], TensorKind::Pixels, raw_chunk(&data), None)
                 .unwrap();
             assert!(bodies.held_bytes() <= 48 << 10, "{}", bodies.held_bytes());
             assert!(chunk.body.len() > 8 << 10);
@@ -771,11 +940,11 @@ mod tests {
         // The same chunk id with other raw bytes is another entry: never the old body.
         let first = labels(8 << 10);
         let (a, _, _) = bodies
-            .reply(b"same", TensorKind::Labels, raw_chunk(&first), None)
+            .reply("t", b"same", TensorKind::Labels, raw_chunk(&first), None)
             .unwrap();
         let other = noise(8 << 10);
         let (b, _, _) = bodies
-            .reply(b"same", TensorKind::Labels, raw_chunk(&other), None)
+            .reply("t", b"same", TensorKind::Labels, raw_chunk(&other), None)
             .unwrap();
         assert_ne!(a.body, b.body);
         let batch = batch_of(&b, &schema()).unwrap();
@@ -788,7 +957,13 @@ mod tests {
         // One body larger than the whole budget is served, not kept.
         let small = WireBodies::new(WireCompression::Zstd, 1024);
         let (_, enc, _) = small
-            .reply(b"big", TensorKind::Pixels, raw_chunk(&noise(8 << 10)), None)
+            .reply(
+                "t",
+                b"big",
+                TensorKind::Pixels,
+                raw_chunk(&noise(8 << 10)),
+                None,
+            )
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         assert_eq!(small.held_bytes(), 0);
@@ -846,32 +1021,143 @@ mod tests {
         let data = labels(1 << 20);
         // No measurement: raw, and the sample is remembered (no body kept).
         let (_, enc, _) = auto
-            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), None)
+            .reply("t", b"p", TensorKind::Pixels, raw_chunk(&data), None)
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         assert_eq!(auto.held_bytes(), b"p".len() as u64 + 64);
         // A fast link: still raw.
         let (_, enc, _) = auto
-            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .reply("t", b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         // A slow one: compressed and kept.
         let (slow, enc, _) = auto
-            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e6))
+            .reply("t", b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e6))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         assert!(auto.held_bytes() > 64);
         // The kept body goes to the next slow peer, never to a fast one.
         let (again, enc, _) = auto
-            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(2e6))
+            .reply("t", b"p", TensorKind::Pixels, raw_chunk(&data), Some(2e6))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Zstd);
         assert_eq!(again.body, slow.body);
         let (raw, enc, _) = auto
-            .reply(b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .reply("t", b"p", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
             .unwrap();
         assert_eq!(enc, BodyEncoding::Raw);
         assert_eq!(raw.body, raw_chunk(&data).body);
+    }
+
+    #[test]
+    fn a_fast_peer_takes_the_off_path_once_the_tensor_is_judged() {
+        let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
+        let peer = |delivery_rate| PeerLink {
+            loopback: false,
+            delivery_rate,
+        };
+        let pixels = TensorKind::Pixels;
+        // Unmeasured: raw without a lookup (the rule would send it raw).
+        assert!(!auto.may_compress("micro", pixels, peer(None)));
+        // Measured, nothing of the tensor judged yet: the rule samples it.
+        assert!(auto.may_compress("micro", pixels, peer(Some(1e13))));
+        let data = labels(1 << 20);
+        let (_, enc, later) = auto
+            .reply("micro", b"m", pixels, raw_chunk(&data), Some(1e13))
+            .unwrap();
+        assert_eq!((enc, later), (BodyEncoding::Raw, false));
+        // Judged: a fast peer goes raw without a lookup, a slow one still gets the rule.
+        assert!(!auto.may_compress("micro", pixels, peer(Some(1e13))));
+        assert!(auto.may_compress("micro", pixels, peer(Some(1e6))));
+        // Another tensor is judged on its own.
+        assert!(auto.may_compress("other", pixels, peer(Some(1e13))));
+        // A tensor whose chunks do not shrink: raw without a lookup for every peer.
+        auto.reply("noise", b"n", pixels, raw_chunk(&noise(1 << 20)), Some(1e6))
+            .unwrap();
+        assert!(!auto.may_compress("noise", pixels, peer(Some(1e3))));
+        // Labels always get the rule; loopback never does.
+        assert!(auto.may_compress("noise", TensorKind::Labels, peer(None)));
+        let local = PeerLink {
+            loopback: true,
+            delivery_rate: Some(1e3),
+        };
+        assert!(!auto.may_compress("micro", TensorKind::Labels, local));
+        // A faster decode measured later lifts the ceiling: fast path is withdrawn where a
+        // kept body would now pay.
+        let boundary = (3..=13)
+            .map(|e| 10f64.powi(e))
+            .find(|&rate| !auto.may_compress("micro", pixels, peer(Some(rate))))
+            .unwrap();
+        auto.speeds.lock().unwrap().decode = Some(1e15);
+        assert!(auto.may_compress("micro", pixels, peer(Some(boundary))));
+    }
+
+    #[test]
+    fn the_off_path_is_taken_only_where_the_rule_sends_raw() {
+        // Whatever the rate, a reply the fast path would have sent raw is raw through the
+        // rule too, with nothing compressed after it.
+        for (name, data) in [("labels-like", labels(1 << 20)), ("noise", noise(1 << 20))] {
+            let auto = WireBodies::new(WireCompression::Auto, 64 << 20);
+            auto.reply(
+                name,
+                b"first",
+                TensorKind::Pixels,
+                raw_chunk(&data),
+                Some(1e6),
+            )
+            .unwrap();
+            for e in 0..=28 {
+                let rate = 10f64.powf(3.0 + e as f64 / 2.5);
+                let link = PeerLink {
+                    loopback: false,
+                    delivery_rate: Some(rate),
+                };
+                if auto.may_compress(name, TensorKind::Pixels, link) {
+                    continue;
+                }
+                for chunk in [b"first".as_slice(), b"second"] {
+                    let (_, enc, later) = auto
+                        .reply(
+                            name,
+                            chunk,
+                            TensorKind::Pixels,
+                            raw_chunk(&data),
+                            Some(rate),
+                        )
+                        .unwrap();
+                    assert_eq!((enc, later), (BodyEncoding::Raw, false), "{name} at {rate}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tables_go_compressed_to_peers_off_loopback_under_auto() {
+        let compressed = |mode, loopback| {
+            let (options, encoding) = WireBodies::new(mode, 1 << 20).table_options(loopback);
+            let yes = encoding == BodyEncoding::Zstd;
+            // What the options write: a batch message whose header names zstd, or none.
+            let batch = batch_of(&raw_chunk(&labels(1 << 16)), &schema()).unwrap();
+            let (_, encoded) = IpcDataGenerator::default()
+                .encode(
+                    &batch,
+                    &mut DictionaryTracker::new(false),
+                    &options,
+                    &mut IpcWriteContext::default(),
+                )
+                .unwrap();
+            let message = arrow_ipc::root_as_message(&encoded.ipc_message).unwrap();
+            let codec = message.header_as_record_batch().unwrap().compression();
+            assert_eq!(
+                codec.map(|c| c.codec()),
+                yes.then_some(CompressionType::ZSTD)
+            );
+            yes
+        };
+        assert!(compressed(WireCompression::Auto, false));
+        assert!(!compressed(WireCompression::Auto, true));
+        assert!(!compressed(WireCompression::Off, false));
+        assert!(compressed(WireCompression::Zstd, true));
     }
 
     #[test]
@@ -894,17 +1180,17 @@ mod tests {
         let data = labels(1 << 20);
         let link = Some(5e6);
         let (_, enc, later) = auto
-            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), link)
+            .reply("t", b"q", TensorKind::Pixels, raw_chunk(&data), link)
             .unwrap();
         assert_eq!((enc, later), (BodyEncoding::Raw, true));
         // A fast link asks for nothing later.
         let (_, _, later) = auto
-            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
+            .reply("t", b"q", TensorKind::Pixels, raw_chunk(&data), Some(1e13))
             .unwrap();
         assert!(!later);
-        auto.compress_later(b"q", TensorKind::Pixels, raw_chunk(&data));
+        auto.compress_later("t", b"q", TensorKind::Pixels, raw_chunk(&data));
         let (chunk, enc, later) = auto
-            .reply(b"q", TensorKind::Pixels, raw_chunk(&data), link)
+            .reply("t", b"q", TensorKind::Pixels, raw_chunk(&data), link)
             .unwrap();
         assert_eq!((enc, later), (BodyEncoding::Zstd, false));
         let batch = batch_of(&chunk, &schema()).unwrap();
@@ -916,7 +1202,7 @@ mod tests {
         assert!(values.value(0) == data.as_slice());
         // While one runs, another is not started.
         auto.later.store(true, Ordering::Release);
-        auto.compress_later(b"r", TensorKind::Pixels, raw_chunk(&noise(1 << 16)));
+        auto.compress_later("t", b"r", TensorKind::Pixels, raw_chunk(&noise(1 << 16)));
         assert!(
             auto.lookup(&BodyKey(
                 b"r".to_vec(),

@@ -9,6 +9,7 @@
 //!                                                          + tessera_connections_total
 //!  do_get / chunk_locate ─▶ tessera_served_bytes_total{path}
 //!  do_get reply body ─▶ tessera_do_get_body_bytes_total{encoding} (raw or zstd)
+//!  do_get table reply (catalog, roi) ─▶ tessera_table_replies_total{table,encoding}
 //!  cold chunk materialized / cache append ─▶ tessera_chunk_{decode,write}_seconds
 //!  scrape endpoint ─▶ the above + a collector over the service state: cache, pins,
 //!                             sources, scans
@@ -69,6 +70,13 @@ struct EncodingLabels {
     encoding: &'static str,
 }
 
+/// Labels of `tessera_table_replies_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabels {
+    table: &'static str,
+    encoding: &'static str,
+}
+
 /// The metrics this server records, and the registry they are encoded from. Cheap to
 /// clone: every clone records into the same registry.
 #[derive(Clone, Debug)]
@@ -83,6 +91,7 @@ struct Recorded {
     served_do_get: Counter,
     served_located: Counter,
     bodies: Family<EncodingLabels, Counter>,
+    tables: Family<TableLabels, Counter>,
     decode: Histogram,
     write: Histogram,
     open_connections: Gauge,
@@ -128,6 +137,17 @@ impl Metrics {
         for encoding in ["raw", "zstd"] {
             let _ = bodies.get_or_create(&EncodingLabels { encoding });
         }
+        let tables = Family::<TableLabels, Counter>::default();
+        registry.register(
+            "tessera_table_replies",
+            "do_get replies of tables, by table (catalog: query answers; roi: annotation reads) and encoding (raw, or zstd: buffers compressed)",
+            tables.clone(),
+        );
+        for table in ["catalog", "roi"] {
+            for encoding in ["raw", "zstd"] {
+                let _ = tables.get_or_create(&TableLabels { table, encoding });
+            }
+        }
         let decode = Histogram::new(BUCKETS);
         registry.register_with_unit(
             "tessera_chunk_decode",
@@ -161,6 +181,7 @@ impl Metrics {
                 served_do_get,
                 served_located,
                 bodies,
+                tables,
                 decode,
                 write,
                 open_connections,
@@ -189,6 +210,14 @@ impl Metrics {
             .bodies
             .get_or_create(&EncodingLabels { encoding })
             .inc_by(bytes);
+    }
+
+    /// Counts one do_get reply of a table (`catalog` or `roi`) sent with `encoding`.
+    pub fn record_table_reply(&self, table: &'static str, encoding: &'static str) {
+        self.inner
+            .tables
+            .get_or_create(&TableLabels { table, encoding })
+            .inc();
     }
 
     /// Counts chunk bytes handed out by `chunk_locate` (read by the client from the mapping).
@@ -262,6 +291,7 @@ mod tests {
         metrics.record_do_get_bytes(100);
         metrics.record_do_get_bytes(23);
         metrics.record_do_get_body("zstd", 40);
+        metrics.record_table_reply("roi", "zstd");
         let out = text(&metrics);
         for line in [
             "# HELP tessera_grpc_calls_total Finished gRPC calls by Flight method and status code.\n",
@@ -273,6 +303,8 @@ mod tests {
             "tessera_served_bytes_total{path=\"located\"} 0\n",
             "tessera_do_get_body_bytes_total{encoding=\"raw\"} 0\n",
             "tessera_do_get_body_bytes_total{encoding=\"zstd\"} 40\n",
+            "tessera_table_replies_total{table=\"roi\",encoding=\"zstd\"} 1\n",
+            "tessera_table_replies_total{table=\"catalog\",encoding=\"raw\"} 0\n",
             "# HELP tessera_connections_total Client connections accepted.\n",
             "tessera_connections_total 0\n",
         ] {

@@ -3,6 +3,7 @@
 
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use arrow_ipc::writer::IpcWriteOptions;
 use arrow_schema::Schema;
 use futures::{Stream, StreamExt};
 use tonic::Status;
@@ -13,12 +14,14 @@ use crate::error::{Fault, ServiceError, ServiceResult};
 
 /// The answer as a Flight stream: the schema message (with the row-count
 /// metadata, sent even when there are no rows), then the batches, split by the
-/// encoder into messages of about 2 MiB.
+/// encoder into messages of about 2 MiB, written with `options` (zstd buffers or not).
 pub fn flight_data(
     answer: QueryAnswer,
+    options: IpcWriteOptions,
 ) -> impl Stream<Item = Result<FlightData, Status>> + Send + 'static {
     let batches = futures::stream::iter(answer.batches.into_iter().map(Ok));
     FlightDataEncoderBuilder::new()
+        .with_options(options)
         .with_schema(answer.schema)
         .build(batches)
         .map(|item| {

@@ -343,9 +343,19 @@ impl FlightService for TesseraFlight {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         // The chunk route in front decoded the ticket: chunks it answered itself, a catalog
         // query it hands on with its SQL, a ROI read with its RoiRead.
-        let connection = Peer::of(request.extensions()).map(|peer| Arc::clone(&peer.connection));
+        let peer = Peer::of(request.extensions());
+        let connection = peer.map(|peer| Arc::clone(&peer.connection));
+        // Tables go zstd-compressed to peers `--wire-compression` says (docs/decisions/0039).
+        let (options, encoding) = self
+            .state
+            .chunks()
+            .wire_bodies()
+            .table_options(peer.is_some_and(Peer::is_loopback));
         if let Some(RoiReadTicket(read)) = request.extensions().get::<RoiReadTicket>().cloned() {
-            let (stream, bytes) = roi::read(&self.state, read).await?;
+            let (stream, bytes) = roi::read(&self.state, read, options).await?;
+            self.state
+                .metrics()
+                .record_table_reply("roi", encoding.label());
             return Ok(Response::new(self.held(connection, bytes, stream)));
         }
         let Some(CatalogSql(sql)) = request.extensions().get::<CatalogSql>().cloned() else {
@@ -353,7 +363,10 @@ impl FlightService for TesseraFlight {
         };
         let answer = self.state.catalog_query(&sql).await?;
         let bytes = answer.bytes();
-        let stream = Box::pin(catalog_query::flight_data(answer));
+        let stream = Box::pin(catalog_query::flight_data(answer, options));
+        self.state
+            .metrics()
+            .record_table_reply("catalog", encoding.label());
         Ok(Response::new(self.held(connection, bytes, stream)))
     }
 

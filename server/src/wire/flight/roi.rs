@@ -11,6 +11,7 @@ use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::{FlightData, PutResult};
+use arrow_ipc::writer::IpcWriteOptions;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
@@ -88,10 +89,12 @@ fn put_target(state: &ServiceState, asked: &str) -> ServiceResult<(String, Strin
 
 /// DoGet of a `roi_read`: the rows, with `truncated` and `sets` in the schema metadata, and
 /// the bytes the reply holds until it is sent. A grant, when the ticket carries one, must be
-/// this server's seal over the tensor as served now.
+/// this server's seal over the tensor as served now. Written with `options` (zstd buffers
+/// or not).
 pub async fn read(
     state: &ServiceState,
     read: RoiRead,
+    options: IpcWriteOptions,
 ) -> ServiceResult<(BoxStream<FlightData>, u64)> {
     let rois = state.annotations()?;
     require_array_id(&read.array_id, "roi_read")?;
@@ -109,6 +112,7 @@ pub async fn read(
     drop(listing);
     let bytes = batch.get_array_memory_size() as u64;
     let stream = FlightDataEncoderBuilder::new()
+        .with_options(options)
         .with_schema(schema)
         .build(futures::stream::iter([Ok(batch)]))
         .map_err(|e| Status::from(ServiceError::from(Fault::encode_stream("annotations", e))));
