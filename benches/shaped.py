@@ -461,7 +461,8 @@ def run(args) -> list:
                             rows.append({"link": gbit, "tensor": tensor, "mode": mode,
                                          "cold": cold[mode], "warm": med,
                                          "rounds": [r["wall"] for r in warm[mode]],
-                                         "server_cpu_rounds": [r["server_cpu"] for r in warm[mode]]})
+                                         "server_cpu_rounds": [r["server_cpu"] for r in warm[mode]],
+                                         **({"tail_rounds": [r["tail"] for r in warm[mode]]} if dev else {})})
                             print(json.dumps(rows[-1]), flush=True)
                         if args.pyarrow:
                             warm = {mode: [] for mode in MODES}
