@@ -37,6 +37,12 @@ With ``--pyarrow``, warm rows of pyarrow's own ``do_get(...).read_all()`` of the
 (2 threads, nothing assembled) beside biopb's: the link and the server without the client's
 handling.
 
+With ``--timeline``, each read on a shaped link is also cut where its bytes were on the wire
+(this end's ``tx_bytes``, sampled every ~1 ms, against the client's ``CLOCK_MONOTONIC``
+timestamps): the time before the first byte, the bytes' time on the wire (the tensor's MiB/s
+over it is what the server and the link delivered) and the client's work after the last
+byte (biopb's ``compute()`` assembling the array).
+
 With ``--reference``, biopb's own server (benches/reference/setup.sh) on the same bytes of
 micro and noise (uncompressed zarr v2 on Tessera's 8 MiB grid), fresh per link: cold and
 warm rows beside Tessera's (no label set: it takes no upload of ours; no bytes counted).
@@ -49,6 +55,7 @@ by default: a release binary compresses and decodes faster).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -82,6 +89,8 @@ HOST_IP, NS_IP = "10.231.11.1", "10.231.11.2"
 PORTS = {"off": 5071, "auto": 5072, "zstd": 5076}
 METRICS = {"off": 5073, "auto": 5074, "zstd": 5077}
 TCP_PORT = 5075
+#: What `WireClock.split` adds to a read.
+WIRE_KEYS = ("head", "wire", "tail")
 MODES = ("off", "auto", "zstd")
 LOOPBACK = "lo"
 TOKEN = "shaped-bench-token_0123456789abcdef"
@@ -153,15 +162,16 @@ def worker_main() -> None:
             client = TensorFlightClient(cmd["location"], token=cmd.get("token", TOKEN), cache_bytes=0)
             tensor = client.get_tensor(cmd["id"])
             r0 = resource.getrusage(resource.RUSAGE_SELF)
-            t0 = time.perf_counter()
+            m0, t0 = time.monotonic(), time.perf_counter()
             got = tensor.compute()
             wall = time.perf_counter() - t0
+            m1 = time.monotonic()
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
             expected = np.load(cmd["expect"], mmap_mode="r")
             same = got.dtype == expected.dtype and got.shape == expected.shape and bool(np.array_equal(got, expected))
             del got
-            out = {"wall": wall, "cpu": cpu, "same": same}
+            out = {"wall": wall, "cpu": cpu, "same": same, "t0": m0, "t1": m1}
         elif cmd["op"] == "catalog":
             client = TensorFlightClient(cmd["location"], token=TOKEN, cache_bytes=0)
             rows = client.query("SELECT source_id, source_url FROM sources", format="records")
@@ -200,14 +210,15 @@ def flight_read(location, array_id, threads) -> dict:
     info = client.get_flight_info(flight.FlightDescriptor.for_command(request.SerializeToString()), options)
     tickets = [ep.ticket for ep in info.endpoints]
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
+    m0, t0 = time.monotonic(), time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         got = sum(pool.map(lambda t: client.do_get(t, options).read_all().nbytes, tickets))
     wall = time.perf_counter() - t0
+    m1 = time.monotonic()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     client.close()
     return {"wall": wall, "cpu": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
-            "bytes": got, "same": True}
+            "bytes": got, "same": True, "t0": m0, "t1": m1}
 
 
 class Worker:
@@ -283,15 +294,58 @@ def start_servers(binary, work: pathlib.Path, tag: str, host: str) -> dict:
     return servers
 
 
-def measured_read(worker, server, work, tensor, pyarrow_threads=0) -> dict:
+class WireClock:
+    """Samples the bytes a network device has sent (``tx_bytes``), about every millisecond,
+    while a read runs: when the first and the last of its bytes left this end of the link.
+    ``CLOCK_MONOTONIC`` is one clock for every namespace, so the client's timestamps
+    compare with these."""
+
+    def __init__(self, dev):
+        self.path = f"/sys/class/net/{dev}/statistics/tx_bytes"
+        self.samples = []
+        self.done = threading.Event()
+
+    def _run(self):
+        with open(self.path) as f:
+            while not self.done.is_set():
+                f.seek(0)
+                self.samples.append((time.monotonic(), int(f.read())))
+                time.sleep(0.001)
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(0.02)
+        self.done.set()
+        self.thread.join()
+
+    def split(self, t0, t1) -> dict:
+        """The read's wall [t0, t1] cut at the first and the last byte on the wire: `head`
+        (the request until 64 KiB left), `wire` (until the last packet left) and `tail`
+        (the client's work after that)."""
+        base, end = self.samples[0][1], self.samples[-1][1]
+        first = next(t for t, b in self.samples if b - base > 64 * 1024)
+        last = next(t for t, b in self.samples if b >= end - 4096)
+        return {"head": first - t0, "wire": last - first, "tail": t1 - last}
+
+
+def measured_read(worker, server, work, tensor, pyarrow_threads=0, wire_dev=None) -> dict:
     """One whole read by biopb's client (or, with `pyarrow_threads`, pyarrow's do_get of
-    its chunks), with the server's CPU and bytes sent."""
+    its chunks), with the server's CPU and bytes sent; with `wire_dev` (this end of the
+    link) also the read's time on the wire (`WireClock`)."""
     cpu0, sent0 = server_cpu(server.pid), body_bytes(server)
-    if pyarrow_threads:
-        out = worker.ask(op="flight", location=server.location, id=tensor, threads=pyarrow_threads)
-    else:
-        out = worker.ask(op="read", location=server.location, id=tensor,
-                         expect=str(expected_path(work, tensor)))
+    clock = WireClock(wire_dev) if wire_dev else contextlib.nullcontext()
+    with clock:
+        if pyarrow_threads:
+            out = worker.ask(op="flight", location=server.location, id=tensor, threads=pyarrow_threads)
+        else:
+            out = worker.ask(op="read", location=server.location, id=tensor,
+                             expect=str(expected_path(work, tensor)))
+    if wire_dev:
+        out.update(clock.split(out["t0"], out["t1"]))
     out["server_cpu"] = server_cpu(server.pid) - cpu0
     out["sent"] = body_bytes(server) - sent0
     if not out["same"]:
@@ -391,29 +445,33 @@ def run(args) -> list:
                 rows.append({"link": gbit, "tensor": "plain TCP", "mode": "-", "cold": None,
                              "warm": {"wall": tcp["wall"], "cpu": tcp["cpu"], "server_cpu": 0.0, "sent": nbytes}})
                 servers = start_servers(args.bin, work, f"g{gbit}", host)
+                dev = HOST_IF if args.timeline and gbit != LOOPBACK else None
+                keys = ("wall", "cpu", "server_cpu", "sent", *(WIRE_KEYS if dev else ()))
                 try:
                     for tensor in args.tensors:
-                        cold = {mode: measured_read(worker, servers[mode], work, tensor) for mode in MODES}
+                        cold = {mode: measured_read(worker, servers[mode], work, tensor, wire_dev=dev)
+                                for mode in MODES}
                         warm = {mode: [] for mode in MODES}
                         for _ in range(args.reps):
                             for mode in MODES:
-                                warm[mode].append(measured_read(worker, servers[mode], work, tensor))
+                                warm[mode].append(measured_read(worker, servers[mode], work, tensor, wire_dev=dev))
                         for mode in MODES:
                             med = {k: statistics.median(r[k] for r in warm[mode])
-                                   for k in ("wall", "cpu", "server_cpu", "sent")}
+                                   for k in keys}
                             rows.append({"link": gbit, "tensor": tensor, "mode": mode,
                                          "cold": cold[mode], "warm": med,
                                          "rounds": [r["wall"] for r in warm[mode]],
-                                         "server_cpu_rounds": [r["server_cpu"] for r in warm[mode]]})
+                                         "server_cpu_rounds": [r["server_cpu"] for r in warm[mode]],
+                                         **({"tail_rounds": [r["tail"] for r in warm[mode]]} if dev else {})})
                             print(json.dumps(rows[-1]), flush=True)
                         if args.pyarrow:
                             warm = {mode: [] for mode in MODES}
                             for _ in range(args.reps):
                                 for mode in MODES:
-                                    warm[mode].append(measured_read(worker, servers[mode], work, tensor, 2))
+                                    warm[mode].append(measured_read(worker, servers[mode], work, tensor, 2, dev))
                             for mode in MODES:
                                 med = {k: statistics.median(r[k] for r in warm[mode])
-                                       for k in ("wall", "cpu", "server_cpu", "sent")}
+                                       for k in keys}
                                 rows.append({"link": gbit, "tensor": f"{tensor} (pyarrow do_get, 2 threads)",
                                              "mode": mode, "cold": None, "warm": med,
                                              "rounds": [r["wall"] for r in warm[mode]],
@@ -476,6 +534,9 @@ def main():
                     "do_get of the same chunks, 2 threads, nothing assembled (the client's share)")
     ap.add_argument("--reference", action="store_true", help="also biopb's own server "
                     "(benches/reference/setup.sh installs it) on the same bytes of micro and noise")
+    ap.add_argument("--timeline", action="store_true", help="also time each read's bytes on "
+                    "the wire (this end's tx_bytes, sampled every ~1 ms): the request before the "
+                    "first byte, the bytes' time on the wire, the client's work after the last")
     ap.add_argument("--tbf-latency", default="100ms", help="the token bucket's queue, as time")
     ap.add_argument("--modes", default=",".join(MODES), help="the servers' --wire-compression "
                     "modes, of off, auto, zstd (one server each, alternating in every round)")
@@ -495,6 +556,28 @@ def main():
     print(f"\n{nbytes / MiB:.0f} MiB per tensor; warm = median of {args.reps}; binary {args.bin}")
     print(table(rows, nbytes))
     print(paired(rows))
+    if args.timeline:
+        print(timeline(rows, nbytes))
+
+
+def timeline(rows, nbytes) -> str:
+    """Per warm row on a shaped link, medians of the read's wall cut at its first and last
+    byte on the wire: the tensor's MiB/s over its time on the wire is what the server and the
+    link gave, the tail what the client did after the last byte."""
+    link_mib = 1e9 / 8 / MiB
+    out = ["\n| link | tensor | Tessera | warm wall | before the first byte | on the wire "
+           "| MiB/s on the wire (× link) | after the last byte |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        w = r["warm"]
+        if "wire" not in w:
+            continue
+        lm = link_mib * r["link"]
+        rate = nbytes / MiB / w["wire"]
+        out.append(f"| {r['link']} Gbit/s | {r['tensor']} | {r['mode']} | {w['wall']:.2f} s "
+                   f"| {w['head'] * 1000:.0f} ms | {w['wire']:.2f} s | {rate:.0f} ({rate / lm:.2f}×) "
+                   f"| {w['tail'] * 1000:.0f} ms |")
+    return "\n".join(out)
 
 
 def paired(rows) -> str:
