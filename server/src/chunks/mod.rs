@@ -604,7 +604,9 @@ impl Drop for StopOnDrop {
 ///
 /// [`Source::prefetch`]: crate::source::Source::prefetch
 fn prefetch_in_background(tensor: &Arc<Tensor>, cells: Vec<Region>) {
-    if cells.is_empty() {
+    // Only stores of native chunks read files per chunk; a `.npy` region is one kernel
+    // copy when it is decoded, so its reads spawn nothing here.
+    if cells.is_empty() || tensor.source.native_chunk().is_none() {
         return;
     }
     let tensor = tensor.clone();
